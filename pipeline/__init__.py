@@ -1,0 +1,1 @@
+"""The PySpark Structured Streaming pipeline that rebuilds every capture session's table."""

@@ -1,0 +1,1 @@
+"""Kafka source for Spark as a Python data source (being written)."""

@@ -1,0 +1,72 @@
+"""One SparkSession, built with the settings every sotw job and test needs.
+
+Starting Spark costs seconds, so the CLI, the harness and the test suite each build one session and reuse it.
+``spark.sql.shuffle.partitions`` must be small *before* the first stateful query starts: it is fixed into the
+checkpoint, and the default 200 makes every micro-batch on two cores take seconds.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class SparkConfig:
+    """How to start Spark.
+
+    Parameters
+    ----------
+    master
+        Spark master URL; ``local[2]`` uses this machine's two cores.
+    driver_memory
+        JVM heap of the driver (``spark.driver.memory``).
+    shuffle_partitions
+        ``spark.sql.shuffle.partitions``: the number of state-store partitions of the stateful step.
+    ui
+        Start the Spark web UI.
+    extra
+        Any other Spark settings, passed through unchanged.
+    """
+
+    master: str = "local[2]"
+    driver_memory: str = "2g"
+    shuffle_partitions: int = 2
+    ui: bool = False
+    extra: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.shuffle_partitions < 1:
+            raise ValueError(f"shuffle_partitions must be at least 1, got {self.shuffle_partitions}")
+        if not self.master:
+            raise ValueError("master must not be empty")
+
+
+def build_session(config: SparkConfig | None = None, app_name: str = "sotw") -> Any:
+    """Create (or return) the SparkSession configured for sotw, with the Kafka data source registered."""
+    from pyspark.sql import SparkSession
+
+    cfg = config or SparkConfig()
+    builder = (
+        SparkSession.builder.master(cfg.master)
+        .appName(app_name)
+        .config("spark.driver.memory", cfg.driver_memory)
+        .config("spark.sql.shuffle.partitions", str(cfg.shuffle_partitions))
+        .config("spark.ui.enabled", str(cfg.ui).lower())
+        .config("spark.ui.showConsoleProgress", "false")
+        # Python workers must run the interpreter that has sotw installed.
+        .config("spark.pyspark.python", sys.executable)
+        .config("spark.pyspark.driver.python", sys.executable)
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        .config("spark.python.worker.reuse", "true")
+    )
+    for key, value in cfg.extra.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    from pipeline.source import KafkaDataSource
+
+    spark.dataSource.register(KafkaDataSource)
+    return spark

@@ -1,0 +1,5 @@
+"""``python -m sotw`` is the ``sotw`` console script."""
+
+from sotw.cli import main
+
+raise SystemExit(main())

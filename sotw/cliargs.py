@@ -1,0 +1,73 @@
+"""Command-line options every sotw command shares: where Kafka is and how to talk to it.
+
+This is the edge: it reads files named on the command line and turns them into a ``KafkaConfig``; nothing
+further in reads flags, files or the environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+from sotw.kafka import KafkaConfig, parse_settings
+
+
+def add_kafka_args(parser: argparse.ArgumentParser) -> None:
+    """Add ``--bootstrap``, ``--kafka-config FILE`` and ``-X key=value`` to ``parser``."""
+    group = parser.add_argument_group("Kafka")
+    group.add_argument(
+        "--bootstrap",
+        metavar="HOST:PORT",
+        help="a running Kafka cluster (default: start the embedded Tansu broker for this command)",
+    )
+    group.add_argument(
+        "--kafka-config",
+        metavar="FILE",
+        type=Path,
+        help="librdkafka settings file, one key=value per line (SASL, TLS, tuning)",
+    )
+    group.add_argument(
+        "-X",
+        dest="kafka_settings",
+        metavar="KEY=VALUE",
+        action="append",
+        default=[],
+        help="one librdkafka setting; repeatable and applied after --kafka-config",
+    )
+
+
+def kafka_settings(args: argparse.Namespace) -> dict[str, str]:
+    """The librdkafka settings from ``--kafka-config`` then ``-X``."""
+    settings: dict[str, str] = {}
+    if args.kafka_config is not None:
+        try:
+            settings.update(parse_settings(args.kafka_config.read_text().splitlines()))
+        except OSError as exc:
+            raise ValueError(f"cannot read --kafka-config {args.kafka_config}: {exc.strerror}") from None
+    settings.update(parse_settings(args.kafka_settings))
+    return settings
+
+
+def kafka_config(args: argparse.Namespace, bootstrap: str | None = None) -> KafkaConfig:
+    """Build the ``KafkaConfig`` for ``--bootstrap`` (or the given embedded broker's address)."""
+    address = bootstrap or args.bootstrap
+    if not address:
+        raise ValueError("no Kafka cluster: pass --bootstrap HOST:PORT")
+    return KafkaConfig(address, kafka_settings(args))
+
+
+def add_logging_args(parser: argparse.ArgumentParser) -> None:
+    """Add ``-v/--verbose`` and ``-q/--quiet``."""
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output")
+    parser.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors")
+
+
+def setup_logging(args: argparse.Namespace) -> None:
+    """Configure the root logger from ``-v``/``-q``."""
+    level = logging.WARNING if getattr(args, "quiet", False) else logging.INFO
+    if getattr(args, "verbose", 0):
+        level = logging.DEBUG
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)-7s %(name)s: %(message)s", force=True)
+    # librdkafka and py4j are chatty at INFO.
+    logging.getLogger("py4j").setLevel(logging.WARNING)

@@ -1,0 +1,178 @@
+"""Kafka client settings and the one place that knows how to read a partition's end offset.
+
+``KafkaConfig`` carries the bootstrap address and librdkafka settings from the CLI inward; every client in
+sotw
+builds its configuration from it, so SASL, TLS and tuning flags given once reach every producer and consumer.
+
+``end_offsets`` holds the embedded broker's workaround. Tansu reports a partition's high watermark as the base
+offset of its *last record batch* + 1, not last offset + 1, so a plain watermark would hide all but the first
+record of the newest batch. Reading the record at ``high - 1`` is correct on both brokers: on Kafka it is the
+last
+record; on Tansu it is the first record of the last batch, and the fetch returns that batch whole, so its last
+record's offset + 1 is the true end.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+from sotw.errors import BrokerError
+
+
+@dataclass(frozen=True)
+class KafkaConfig:
+    """Where the brokers are and how to talk to them.
+
+    Parameters
+    ----------
+    bootstrap
+        ``HOST:PORT[,HOST:PORT...]`` of the Kafka cluster.
+    settings
+        librdkafka settings passed through unchanged (``security.protocol``, ``sasl.*``, ``ssl.*``, tuning).
+    """
+
+    bootstrap: str
+    settings: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.bootstrap or any(":" not in hp for hp in self.bootstrap.split(",")):
+            raise ValueError(f"bootstrap must be HOST:PORT[,HOST:PORT...], got {self.bootstrap!r}")
+        if "bootstrap.servers" in self.settings:
+            raise ValueError("give the bootstrap address as bootstrap, not as a 'bootstrap.servers' setting")
+        object.__setattr__(self, "settings", dict(self.settings))
+
+    def client(self, **overrides: Any) -> dict[str, Any]:
+        """Return a fresh librdkafka configuration dict: our defaults, then ``settings``, then ``overrides``.
+
+        The dict is new on every call because confluent-kafka may pop keys from the dict it is given.
+        """
+        conf: dict[str, Any] = {"bootstrap.servers": self.bootstrap}
+        conf.update(self.settings)
+        conf.update(overrides)
+        return conf
+
+    def consumer(self, **overrides: Any) -> Consumer:
+        """An assign-only consumer (no group join, no commits): sotw tracks offsets itself."""
+        conf = self.client(
+            **{
+                "group.id": f"sotw-{uuid.uuid4().hex[:12]}",
+                "enable.auto.commit": False,
+                "enable.auto.offset.store": False,
+                "enable.partition.eof": False,
+                **overrides,
+            }
+        )
+        return Consumer(conf)
+
+
+def parse_settings(pairs: Iterable[str]) -> dict[str, str]:
+    """Turn ``key=value`` strings (``-X`` flags or lines of a settings file) into a dict.
+
+    Blank lines and lines starting with ``#`` are skipped.
+    """
+    out: dict[str, str] = {}
+    for raw in pairs:
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, sep, value = line.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"librdkafka setting {line!r} is not key=value")
+        out[key.strip()] = value.strip()
+    return out
+
+
+class EndOffsets:
+    """Reads ``(low, end)`` per partition, where ``end`` is last offset + 1 on Kafka and on Tansu.
+
+    See the module docstring for why the record at ``high - 1`` is read. The probe result is remembered per
+    partition and reused while the reported watermark does not move, so a steady poll costs one watermark
+    request
+    per partition and one small fetch only for partitions that grew.
+
+    Parameters
+    ----------
+    consumer
+        An assign-only consumer owned by this object (its assignment is replaced on every call).
+    timeout
+        Seconds to wait for the broker on each call.
+    """
+
+    def __init__(self, consumer: Consumer, timeout: float = 10.0) -> None:
+        self._consumer = consumer
+        self._timeout = timeout
+        self._known: dict[tuple[str, int], tuple[int, int]] = {}  # (topic, partition) -> (high, end)
+
+    def __call__(self, partitions: Iterable[tuple[str, int]]) -> dict[tuple[str, int], tuple[int, int]]:
+        """Return ``{(topic, partition): (low, end)}`` for the given partitions."""
+        result: dict[tuple[str, int], tuple[int, int]] = {}
+        probe: dict[tuple[str, int], int] = {}
+        try:
+            for tp in partitions:
+                low, high = self._consumer.get_watermark_offsets(
+                    TopicPartition(tp[0], tp[1]), timeout=self._timeout
+                )
+                known = self._known.get(tp)
+                if known is not None and known[0] == high:
+                    result[tp] = (low, max(known[1], low))
+                else:
+                    result[tp] = (low, high)
+                    if high > low:
+                        probe[tp] = high
+        except KafkaException as exc:
+            raise BrokerError(f"could not read offsets from the broker: {exc.args[0]}") from None
+        if probe:
+            self._probe(probe, result)
+        return result
+
+    def _probe(
+        self, probe: dict[tuple[str, int], int], result: dict[tuple[str, int], tuple[int, int]]
+    ) -> None:
+        consumer = self._consumer
+        consumer.assign([TopicPartition(t, p, high - 1) for (t, p), high in probe.items()])
+        deadline = time.monotonic() + self._timeout
+        pending = set(probe)
+        try:
+            # Keep reading until every probed partition answered and the fetched batches are drained.
+            idle = 0
+            while time.monotonic() < deadline and (pending or idle < 1):
+                msgs = consumer.consume(num_messages=10_000, timeout=0.05 if not pending else 0.2)
+                idle = 0 if msgs else idle + 1
+                for msg in msgs:
+                    if msg.error():
+                        continue
+                    tp = (msg.topic(), msg.partition())
+                    if tp in result:
+                        low, end = result[tp]
+                        result[tp] = (low, max(end, msg.offset() + 1))
+                        pending.discard(tp)
+        finally:
+            consumer.unassign()
+        for tp, high in probe.items():
+            # A partition that returned nothing (records deleted under us) keeps its reported watermark.
+            self._known[tp] = (high, result[tp][1])
+
+
+def ensure_topics(config: KafkaConfig, topics: Mapping[str, int], timeout: float = 10.0) -> None:
+    """Create each topic with the given partition count; topics that already exist are left as they are."""
+    from confluent_kafka import KafkaError
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    if not topics:
+        return
+    admin = AdminClient(config.client())
+    futures = admin.create_topics(
+        [NewTopic(name, num_partitions=parts) for name, parts in topics.items()], operation_timeout=timeout
+    )
+    for name, future in futures.items():
+        try:
+            future.result(timeout)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise BrokerError(f"could not create topic {name}: {exc.args[0].str()}") from None

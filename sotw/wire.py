@@ -1,0 +1,163 @@
+"""The sensor wire format, encoded and validated in exactly one place.
+
+Every producer and consumer in sotw goes through this module, so the format described in
+``docs/wire-format.md`` has a single definition. Encoding uses orjson for speed on the simulator's hot path;
+the
+table digest uses the standard library's JSON so that its canonical form is the one written in the spec.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+KINDS = ("snapshot", "update", "end")
+OPS = ("upsert", "delete")
+_HEX = frozenset("0123456789abcdef")
+
+Row = Mapping[str, Any]
+
+
+class MalformedMessage(ValueError):
+    """A value that breaks the wire format; ``reason`` says which rule."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One decoded, valid message.
+
+    ``rows`` is the snapshot's list of row objects, ``row_count`` the end message's final row count.
+    """
+
+    sensor: str
+    session: str
+    seq: int
+    kind: str
+    ts: int
+    rows: list[dict[str, Any]] | None = None
+    op: str | None = None
+    row: dict[str, Any] | None = None
+    row_count: int | None = None
+    digest: str | None = None
+
+
+def encode_snapshot(sensor: str, session: str, seq: int, ts: int, rows: Iterable[Row]) -> bytes:
+    """Encode a snapshot: the whole table as it is at the start of a session."""
+    return orjson.dumps(
+        {"sensor": sensor, "session": session, "seq": seq, "kind": "snapshot", "ts": ts, "rows": list(rows)}
+    )
+
+
+def encode_update(sensor: str, session: str, seq: int, ts: int, op: str, row: Row) -> bytes:
+    """Encode an update of one row; for a delete only ``row["id"]`` is needed."""
+    return orjson.dumps(
+        {"sensor": sensor, "session": session, "seq": seq, "kind": "update", "ts": ts, "op": op, "row": row}
+    )
+
+
+def encode_end(sensor: str, session: str, seq: int, ts: int, row_count: int, digest: str) -> bytes:
+    """Encode the end of a session with the final row count and the table digest."""
+    return orjson.dumps(
+        {
+            "sensor": sensor,
+            "session": session,
+            "seq": seq,
+            "kind": "end",
+            "ts": ts,
+            "rows": row_count,
+            "digest": digest,
+        }
+    )
+
+
+def canonical_row(row: Row) -> str:
+    """Serialize a row the canonical way: compact JSON, keys sorted, non-ASCII kept as UTF-8."""
+    return json.dumps(row, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
+
+
+def table_digest(rows: Iterable[Row]) -> str:
+    """Hex SHA-256 of the canonical table: rows sorted by ``id``, canonical JSON each, joined by newlines."""
+    ordered = sorted(rows, key=lambda r: int(r["id"]))
+    return hashlib.sha256("\n".join(canonical_row(r) for r in ordered).encode("utf-8")).hexdigest()
+
+
+def _is_int(value: Any) -> bool:
+    # bool is a subclass of int in Python, but true/false are not integers on the wire.
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_row(row: Any, where: str, need_columns: bool) -> dict[str, Any]:
+    if not isinstance(row, dict):
+        raise MalformedMessage(f"{where} is not a JSON object")
+    if "id" not in row:
+        raise MalformedMessage(f"{where} has no 'id'")
+    if not _is_int(row["id"]):
+        raise MalformedMessage(f"{where} 'id' is not an integer")
+    if need_columns and len(row) < 2:
+        raise MalformedMessage(f"{where} has no columns besides 'id'")
+    return row
+
+
+def decode(value: bytes | None, key: bytes | None = None) -> Message:
+    """Decode and validate one Kafka message value (and key, when given).
+
+    Raises
+    ------
+    MalformedMessage
+        If the value is not UTF-8 JSON, a required field is missing or has the wrong type, or the key does not
+        equal the session.
+    """
+    if value is None:
+        raise MalformedMessage("value is null")
+    try:
+        obj = orjson.loads(value)
+    except orjson.JSONDecodeError as exc:
+        raise MalformedMessage(f"value is not UTF-8 JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise MalformedMessage("value is not a JSON object")
+    for name in ("sensor", "session", "seq", "kind", "ts"):
+        if name not in obj:
+            raise MalformedMessage(f"missing field '{name}'")
+    sensor, session, seq, kind, ts = obj["sensor"], obj["session"], obj["seq"], obj["kind"], obj["ts"]
+    if not isinstance(sensor, str):
+        raise MalformedMessage("'sensor' is not a string")
+    if not isinstance(session, str) or not session:
+        raise MalformedMessage("'session' is not a non-empty string")
+    if not _is_int(seq) or seq < 0:
+        raise MalformedMessage("'seq' is not a non-negative integer")
+    if not _is_int(ts):
+        raise MalformedMessage("'ts' is not an integer")
+    if key is not None and key != session.encode("utf-8"):
+        raise MalformedMessage("key does not equal 'session'")
+    if kind == "snapshot":
+        rows = obj.get("rows")
+        if not isinstance(rows, list):
+            raise MalformedMessage("snapshot 'rows' is not an array")
+        checked = [_check_row(r, f"snapshot row {i}", need_columns=True) for i, r in enumerate(rows)]
+        if len({r["id"] for r in checked}) != len(checked):
+            raise MalformedMessage("snapshot has duplicate row ids")
+        return Message(sensor, session, seq, kind, ts, rows=checked)
+    if kind == "update":
+        op = obj.get("op")
+        if op not in OPS:
+            raise MalformedMessage("update 'op' is not 'upsert' or 'delete'")
+        row = _check_row(obj.get("row"), "update 'row'", need_columns=op == "upsert")
+        return Message(sensor, session, seq, kind, ts, op=op, row=row)
+    if kind == "end":
+        count: Any = obj.get("rows")
+        digest = obj.get("digest")
+        if not _is_int(count) or count < 0:
+            raise MalformedMessage("end 'rows' is not a non-negative integer")
+        if not isinstance(digest, str) or len(digest) != 64 or not set(digest) <= _HEX:
+            raise MalformedMessage("end 'digest' is not a hex SHA-256")
+        return Message(sensor, session, seq, kind, ts, row_count=count, digest=digest)
+    raise MalformedMessage(f"'kind' is not one of {', '.join(KINDS)}")

@@ -1,0 +1,59 @@
+"""Shared fixtures: one real broker and one real SparkSession per test session.
+
+Set ``SOTW_TEST_BOOTSTRAP=HOST:PORT`` to run the suite against an existing Kafka cluster instead of the
+Tansu broker.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from sotw.broker import EmbeddedBroker
+from sotw.kafka import KafkaConfig
+
+
+@pytest.fixture(scope="session")
+def bootstrap() -> Iterator[str]:
+    """The bootstrap address of the session's broker."""
+    external = os.environ.get("SOTW_TEST_BOOTSTRAP")
+    if external:
+        yield external
+        return
+    with EmbeddedBroker() as broker:
+        yield broker.bootstrap
+
+
+@pytest.fixture(scope="session")
+def kafka(bootstrap: str) -> KafkaConfig:
+    """A ``KafkaConfig`` for the session's broker."""
+    return KafkaConfig(bootstrap)
+
+
+_counter = itertools.count()
+
+
+@pytest.fixture
+def unique_prefix() -> Callable[[], str]:
+    """A factory of topic prefixes no other test uses, so tests share one broker without seeing each other."""
+    run = uuid.uuid4().hex[:6]
+
+    def make() -> str:
+        return f"t{run}{next(_counter)}-sensor-"
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """The session's SparkSession (local[2], 2 shuffle partitions, UI off), Kafka source registered."""
+    from pipeline.spark import SparkConfig, build_session
+
+    session = build_session(SparkConfig(master="local[2]", shuffle_partitions=2), app_name="sotw-tests")
+    yield session
+    session.stop()
