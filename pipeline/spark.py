@@ -7,6 +7,7 @@ checkpoint, and the default 200 makes every micro-batch on two cores take second
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,6 +49,9 @@ def build_session(config: SparkConfig | None = None, app_name: str = "sotw") -> 
     from pyspark.sql import SparkSession
 
     cfg = config or SparkConfig()
+    # Python UDFs and data sources run ``PYSPARK_PYTHON`` (default: ``python3`` on PATH), not
+    # ``spark.pyspark.python``; without this, workers start an interpreter that lacks sotw's dependencies.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = (
         SparkSession.builder.master(cfg.master)
         .appName(app_name)

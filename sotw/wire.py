@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,6 +62,35 @@ def encode_update(sensor: str, session: str, seq: int, ts: int, op: str, row: Ro
     return orjson.dumps(
         {"sensor": sensor, "session": session, "seq": seq, "kind": "update", "ts": ts, "op": op, "row": row}
     )
+
+
+#: Serializer of the ``row`` object of an update, the one ``encode_update`` uses; pair it with ``update_templates``.
+encode_row: Callable[[Any], bytes] = orjson.dumps
+
+
+def update_templates(sensor: str, session: str) -> dict[str, bytes]:
+    """Byte templates of one session's updates, by op, so the hot path need not build a dict per message.
+
+    ``update_templates(sensor, session)[op] % (seq, ts, encode_row(row))`` is byte for byte
+    ``encode_update(sensor, session, seq, ts, op, row)`` when ``seq`` and ``ts`` are ``int``: the same field
+    order, the same orjson escaping of the strings (done once here) and the same serializer for the row. It
+    costs about two thirds of ``encode_update``, most of the rest being the row's own serialization.
+
+    Parameters
+    ----------
+    sensor, session
+        The session's sensor id and session id (any text; ``%`` and JSON escapes are handled).
+
+    Returns
+    -------
+    dict
+        ``{"upsert": template, "delete": template}``, each taking ``(seq, ts, row_json_bytes)``.
+    """
+    # The strings are JSON-escaped by orjson exactly as in a full dumps; a literal '%' in them must survive
+    # the second formatting, hence the doubling.
+    head = b'{"sensor":' + orjson.dumps(sensor) + b',"session":' + orjson.dumps(session)
+    head = head.replace(b"%", b"%%") + b',"seq":%d,"kind":"update","ts":%d,"op":"'
+    return {op: head + op.encode("ascii") + b'","row":%b}' for op in OPS}
 
 
 def encode_end(sensor: str, session: str, seq: int, ts: int, row_count: int, digest: str) -> bytes:

@@ -10,10 +10,12 @@ import itertools
 import os
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from simulator import RunSummary, Simulator, SimulatorConfig
 from sotw.broker import EmbeddedBroker
 from sotw.kafka import KafkaConfig
 
@@ -57,3 +59,29 @@ def spark() -> Iterator[Any]:
     session = build_session(SparkConfig(master="local[2]", shuffle_partitions=2), app_name="sotw-tests")
     yield session
     session.stop()
+
+
+@pytest.fixture
+def simulate(
+    kafka: KafkaConfig, tmp_path: Path, unique_prefix
+) -> Callable[..., tuple[RunSummary, SimulatorConfig]]:
+    """Run a small simulation into a fresh run directory and topic prefix; returns (summary, config)."""
+    counter = iter(range(1000))
+
+    def run(name: str | None = None, clock: Callable[[], float] | None = None, **changes: Any):
+        base = {
+            "sensors": 4,
+            "rows": 20,
+            "partitions": 2,
+            "rate": 3000.0,
+            "duration_s": 1.0,
+            "session_interval_s": 0.4,
+            "topic_prefix": unique_prefix(),
+            "seed": 7,
+        }
+        base.update(changes)
+        config = SimulatorConfig(**base)
+        run_dir = tmp_path / f"p{next(counter)}" / (name or "run")
+        return Simulator(config, kafka, run_dir, clock=clock).run(), config
+
+    return run

@@ -1,4 +1,5 @@
 import hashlib
+import random
 
 import pytest
 
@@ -55,3 +56,27 @@ def test_key_must_equal_session():
     raw = wire.encode_update("a", "s-1", 1, 1, "delete", {"id": 1})
     with pytest.raises(wire.MalformedMessage, match="key"):
         wire.decode(raw, key=b"s-2")
+
+
+@pytest.mark.parametrize(
+    ("sensor", "session"),
+    [("0007", "0007-0123456789ab-00001"), ('a%d"b', "s%%1\\é\n\u2028"), ("", "x")],
+)
+def test_update_templates_encode_byte_for_byte_what_encode_update_does(sensor, session):
+    rng = random.Random(7)
+    templates = wire.update_templates(sensor, session)
+    rows = [
+        {"id": 3, "value": 101.234, "status": "ok", "name": "pressure-3", "unit": "kPa"},
+        {"id": 0, "value": -0.0, "status": 'al"arm', "name": "é/\\%s", "unit": "l/min"},
+        {"id": 2**40, "value": 1e-7, "x1": 1e16, "x2": 12345678.125},
+        {"id": 9},
+    ]
+    rows += [
+        {"id": rng.randrange(10**6), "value": rng.uniform(-1e6, 1e6), "x1": rng.random()} for _ in range(200)
+    ]
+    for i, row in enumerate(rows):
+        op = "delete" if len(row) == 1 else "upsert"
+        seq, ts = i * 7919, 1_795_000_000_000 + i
+        fast = templates[op] % (seq, ts, wire.encode_row(row))
+        assert fast == wire.encode_update(sensor, session, seq, ts, op, row)
+        assert wire.decode(fast).row == row

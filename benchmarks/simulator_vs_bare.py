@@ -1,0 +1,273 @@
+"""Simulator maximum publish rate versus a bare confluent-kafka producer loop, on one broker in one run.
+
+Usage::
+
+    .venv/bin/python benchmarks/simulator_vs_bare.py [--messages 600000] [--repeats 2] [--bootstrap HOST:PORT]
+                                                    [--json runs/bench-simulator.json]
+
+Both sides use the simulator's producer settings (idempotent, acks=all, same batching), the same topics'
+shape (sensors x partitions) and payloads of the same size (the bare loop sends a real update value of the
+median size, over and over). The simulator runs unthrottled (rate 0) with faults off and sessions long
+enough that almost every message is an update. Both rates are measured the same way: from the first message
+to the last acknowledgement (the bare loop: until ``flush`` returns; the simulator: until the latest
+``acked_ts`` in its ledger), not the set-up before the first message. The simulator's rate including the
+writing of its ledger and truth after the last acknowledgement is reported beside it. Runs alternate
+(bare, simulator, bare, simulator...) so a neighbour's load hits both alike; the best of each is compared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from confluent_kafka import Producer
+
+from simulator import DEFAULT_PRODUCER, Simulator, SimulatorConfig
+from simulator.model import SensorTable
+from sotw import wire
+from sotw.broker import EmbeddedBroker
+from sotw.kafka import KafkaConfig, ensure_topics
+
+
+def sample_payloads(sensors: int, rows: int) -> list[bytes]:
+    """Real update values, as the simulator would encode them, to size the bare loop's payload."""
+    rng = np.random.default_rng(0)
+    table = SensorTable(rows, 4, rng, 0.05, 0.05)
+    u = rng.random((2, 5000)).tolist()
+    z = rng.standard_normal(5000).tolist()
+    sid = "0007"
+    session = f"{sid}-{uuid.uuid4().hex[:12]}-00001"
+    out = []
+    for j in range(5000):
+        op, row = table.update(u[0][j], u[1][j], z[j])
+        out.append(wire.encode_update(sid, session, 10_000 + j, 1_795_000_000_000 + j, op, row))
+    return out
+
+
+def bare(
+    kafka: KafkaConfig, topics: list[str], partitions: int, payload: bytes, n: int, reports: bool = False
+) -> dict:
+    """A plain produce loop: no encoding, no ledger. Returns rate and CPU cost.
+
+    With ``reports`` every message carries a minimal delivery callback that keeps the offset, the least a
+    producer that records offsets must pay; without it no callback runs at all.
+    """
+    conf = kafka.client(**{k: v for k, v in DEFAULT_PRODUCER.items() if k not in kafka.settings})
+    producer = Producer(conf)
+    produce, poll = producer.produce, producer.poll
+    offsets: list[int] = []
+    keep = offsets.append
+
+    def on_delivery(err, msg):
+        keep(msg.offset())
+
+    cb = on_delivery if reports else None
+    keys = [f"{t}-key".encode() for t in topics]
+    slots = [(topics[i % len(topics)], keys[i % len(topics)], i % partitions) for i in range(4096)]
+    t0 = time.perf_counter()
+    c0 = time.process_time()
+    m0 = time.thread_time()
+    for i in range(n):
+        topic, key, part = slots[i & 4095]
+        try:
+            produce(topic, payload, key, part, cb)
+        except BufferError:
+            while True:
+                poll(0.01)
+                try:
+                    produce(topic, payload, key, part, cb)
+                    break
+                except BufferError:
+                    continue
+        if not i & 1023:
+            poll(0)
+    left = producer.flush(60)
+    elapsed = time.perf_counter() - t0
+    cpu = time.process_time() - c0
+    main = time.thread_time() - m0
+    if left:
+        raise SystemExit(f"bare loop: {left} messages not acknowledged")
+    return {
+        "rate": n / elapsed,
+        "cpu_us_per_msg": cpu / n * 1e6,
+        "main_thread_us_per_msg": main / n * 1e6,
+        "elapsed_s": elapsed,
+    }
+
+
+def simulator(kafka: KafkaConfig, prefix: str, sensors: int, partitions: int, rows: int, n: int) -> dict:
+    """The simulator at full speed, faults off. Returns rates and lateness."""
+    run_dir = Path(tempfile.mkdtemp(prefix="sotw-bench-")) / f"run-{uuid.uuid4().hex[:8]}"
+    cfg = SimulatorConfig(
+        sensors=sensors,
+        rows=rows,
+        partitions=partitions,
+        topic_prefix=prefix,
+        rate=0,
+        duration_s=None,
+        max_messages=n,
+        session_interval_s=3600,
+        seed=1,
+    )
+    sim = Simulator(cfg, kafka, run_dir)
+    c0 = time.process_time()
+    m0 = time.thread_time()
+    summary = sim.run()
+    cpu = time.process_time() - c0
+    main = time.thread_time() - m0
+    # From the schedule's start (setting up -- broker check, Faker, tables, topics -- is not publishing) to
+    # the last acknowledgement, as the bare loop is timed; and to the end of the run (ledger and truth written).
+    last_ack = pc.max(pq.read_table(run_dir / "ledger", columns=["acked_ts"])["acked_ts"]).as_py()
+    elapsed = (last_ack - summary.started_ms) / 1000.0
+    whole = (summary.ended_ms - summary.started_ms) / 1000.0
+    shutil.rmtree(run_dir.parent, ignore_errors=True)
+    if summary.unacknowledged or summary.stats.failed:
+        raise SystemExit(f"simulator: {summary.unacknowledged} unacknowledged, {summary.stats.failed} failed")
+    updates = summary.stats.sent - sensors * 2  # snapshots and closing ends are not updates
+    return {
+        "rate": summary.stats.sent / elapsed,
+        "updates_per_s": updates / elapsed,
+        "elapsed_s": elapsed,
+        "updates_per_s_with_records": updates / whole,
+        "elapsed_with_records_s": whole,
+        "cpu_us_per_msg": cpu / summary.stats.sent * 1e6,
+        "main_thread_us_per_msg": main / summary.stats.sent * 1e6,
+        "lateness_p99_ms": summary.stats.lateness_p99_ms,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--bootstrap", help="use this Kafka cluster instead of starting the embedded broker")
+    parser.add_argument("--messages", type=int, default=600_000, help="messages per run (default 600000)")
+    parser.add_argument("--repeats", type=int, default=2, help="runs of each side (default 2)")
+    parser.add_argument("--sensors", type=int, default=24)
+    parser.add_argument("--partitions", type=int, default=3)
+    parser.add_argument("--rows", type=int, default=200)
+    parser.add_argument("--json", type=Path, default=Path("runs/bench-simulator-vs-bare.json"))
+    args = parser.parse_args(argv)
+    # Import what the simulator's set-up imports lazily (Arrow compute pulls in pandas: ~1 s of CPU), so the
+    # CPU-per-message figures measure publishing, not the first run's imports.
+    import pyarrow.compute as pc
+    from faker import Faker
+
+    pc.if_else(pc.equal(1, 1), 1, 2)
+    Faker()
+
+    payloads = sample_payloads(args.sensors, args.rows)
+    sizes = sorted(len(p) for p in payloads)
+    payload = payloads[[len(p) for p in payloads].index(sizes[len(sizes) // 2])]
+
+    def go(kafka: KafkaConfig) -> dict:
+        results: dict[str, list] = {"bare": [], "bare_reports": [], "simulator": []}
+        for r in range(args.repeats):
+            prefix = f"bench{uuid.uuid4().hex[:6]}-sensor-"
+            topics = [f"{prefix}{k:04d}" for k in range(args.sensors)]
+            ensure_topics(kafka, dict.fromkeys(topics, args.partitions))
+            b = bare(kafka, topics, args.partitions, payload, args.messages)
+            results["bare"].append(b)
+            print(
+                f"  run {r + 1}: bare      {b['rate']:12,.0f} msg/s  {b['cpu_us_per_msg']:6.2f} CPU us/msg "
+                f"({b['main_thread_us_per_msg']:.2f} in the loop's thread)",
+                flush=True,
+            )
+            b = bare(kafka, topics, args.partitions, payload, args.messages, reports=True)
+            results["bare_reports"].append(b)
+            print(
+                f"  run {r + 1}: bare+dr   {b['rate']:12,.0f} msg/s  {b['cpu_us_per_msg']:6.2f} CPU us/msg "
+                f"({b['main_thread_us_per_msg']:.2f} in the loop's thread)",
+                flush=True,
+            )
+            prefix = f"bench{uuid.uuid4().hex[:6]}-sensor-"
+            sim = simulator(kafka, prefix, args.sensors, args.partitions, args.rows, args.messages)
+            results["simulator"].append(sim)
+            print(
+                f"  run {r + 1}: simulator {sim['rate']:12,.0f} msg/s  {sim['cpu_us_per_msg']:6.2f} CPU us/msg "
+                f"({sim['main_thread_us_per_msg']:.2f} in the loop's thread) "
+                f"({sim['updates_per_s']:,.0f} updates/s; {sim['updates_per_s_with_records']:,.0f} with the "
+                "ledger written)",
+                flush=True,
+            )
+        return results
+
+    if args.bootstrap:
+        broker_note = args.bootstrap
+        results = go(KafkaConfig(args.bootstrap))
+    else:
+        with EmbeddedBroker() as broker:
+            broker_note = f"embedded Tansu at {broker.bootstrap}"
+            results = go(KafkaConfig(broker.bootstrap))
+
+    best_bare = max(b["rate"] for b in results["bare"])
+    best_sim = max(s["updates_per_s"] for s in results["simulator"])
+    ratio = best_sim / best_bare
+    load = os.getloadavg()
+    print()
+    print(f"{'':24}{'best msg/s':>14}{'median msg/s':>14}")
+    med_bare = statistics.median(b["rate"] for b in results["bare"])
+    print(f"{'bare producer loop':24}{best_bare:14,.0f}{med_bare:14,.0f}")
+    best_dr = max(b["rate"] for b in results["bare_reports"])
+    med_dr = statistics.median(b["rate"] for b in results["bare_reports"])
+    print(f"{'bare + delivery reports':24}{best_dr:14,.0f}{med_dr:14,.0f}")
+    med_sim = statistics.median(s["updates_per_s"] for s in results["simulator"])
+    print(f"{'simulator (updates)':24}{best_sim:14,.0f}{med_sim:14,.0f}")
+    best_whole = max(s["updates_per_s_with_records"] for s in results["simulator"])
+    med_whole = statistics.median(s["updates_per_s_with_records"] for s in results["simulator"])
+    print(f"{'  incl. ledger written':24}{best_whole:14,.0f}{med_whole:14,.0f}")
+    print(f"{'ratio simulator / bare':24}{ratio:14.2f}")
+    print(f"{'ratio sim / bare+dr':24}{best_sim / best_dr:14.2f}")
+    # What the loop's own thread costs per message: the rate each side could reach with a core to itself
+    # (an upper bound; the broker and librdkafka's threads need the other core).
+    sim_thread = min(s["main_thread_us_per_msg"] for s in results["simulator"])
+    bare_thread = min(b["main_thread_us_per_msg"] for b in results["bare"])
+    print(
+        f"loop thread CPU per message (best): bare {bare_thread:.2f} us, simulator {sim_thread:.2f} us "
+        f"-> simulator ceiling with a core of its own {1e6 / sim_thread:,.0f} msg/s"
+    )
+    print(
+        f"payload {len(payload)} bytes, {args.messages:,} messages per run, {args.sensors} topics x "
+        f"{args.partitions} partitions, broker: {broker_note}, load average {load[0]:.1f}"
+    )
+    doc = {
+        "messages": args.messages,
+        "payload_bytes": len(payload),
+        "sensors": args.sensors,
+        "partitions": args.partitions,
+        "broker": broker_note,
+        "bare": results["bare"],
+        "bare_with_delivery_reports": results["bare_reports"],
+        "best_bare_with_delivery_reports": best_dr,
+        "simulator": results["simulator"],
+        "best_bare": best_bare,
+        "best_simulator_updates_per_s": best_sim,
+        "best_simulator_updates_per_s_with_records": best_whole,
+        "ratio": ratio,
+        "best_main_thread_us_per_msg": {"bare": bare_thread, "simulator": sim_thread},
+        "targets": {"updates_per_s": 100_000, "ratio": 0.6},
+        "loadavg": load,
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(doc, indent=2) + "\n")
+    print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,7 @@
+"""``python -m loadtest run|bench|capacity`` is ``sotw run|bench|capacity``."""
+
+import sys
+
+from loadtest.cli import main
+
+raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,141 @@
+"""``sotw run``, ``sotw bench`` and ``sotw capacity``: the harness's commands.
+
+The first argument is the command name (the dispatcher passes it on), so the three share one parser builder and
+one way of turning flags into a ``Profile`` and a run directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import shlex
+import signal
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from loadtest.capacity import search, with_capacity
+from loadtest.errors import HarnessError
+from loadtest.profile import Profile, load_profile, parse_load
+from loadtest.report import markdown_summary, write_report
+from loadtest.results import Results
+from loadtest.runner import RunRequest, execute
+from sotw.cliargs import add_kafka_args, add_logging_args, kafka_config, setup_logging
+from sotw.kafka import KafkaConfig
+
+
+def _parser(command: str) -> argparse.ArgumentParser:
+    descriptions = {
+        "run": "One load-test run: warm-up, steady phase at the profile's rate x LOAD, drain; verdict and report.",
+        "bench": "1x and 10x back to back on the same profile, reported side by side.",
+        "capacity": "Find the highest load factor the pipeline sustains (doubling, then bisection).",
+    }
+    p = argparse.ArgumentParser(prog=f"sotw {command}", description=descriptions[command])
+    if command == "run":
+        p.add_argument("--load", default="1x", help="load factor: 1x, 10x, 2.5x (default 1x)")
+    p.add_argument("--profile", default="baseline", help="profile name in the scenario file (baseline)")
+    p.add_argument(
+        "--scenario", type=Path, default=None, help="scenario TOML (default: the shipped scenarios.toml)"
+    )
+    p.add_argument(
+        "--run-dir", type=Path, default=None, help="where to write (default runs/<command>-<time>)"
+    )
+    p.add_argument("--warmup", type=float, default=None, help="override the profile's warm-up seconds")
+    p.add_argument("--steady", type=float, default=None, help="override the profile's steady-phase seconds")
+    p.add_argument("--policy", default=None, help="override the profile's integrity policy")
+    if command == "capacity":
+        p.add_argument("--start", default="1x", help="first load factor tried (1x)")
+        p.add_argument("--max", default="64x", help="highest load factor tried (64x)")
+        p.add_argument("--refine", type=int, default=2, help="bisection steps after the doubling (2)")
+    add_kafka_args(p)
+    add_logging_args(p)
+    return p
+
+
+def _profile(args: argparse.Namespace) -> Profile:
+    profile = load_profile(args.profile, args.scenario)
+    run = profile.run
+    if args.warmup is not None:
+        run = dataclasses.replace(run, warmup_s=args.warmup)
+    if args.steady is not None:
+        run = dataclasses.replace(run, steady_s=args.steady)
+    pipeline = profile.pipeline
+    if args.policy is not None:
+        pipeline = dataclasses.replace(pipeline, policy=args.policy)
+    return dataclasses.replace(profile, run=run, pipeline=pipeline)
+
+
+def _say(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def _stop_on_signals() -> threading.Event:
+    stop = threading.Event()
+
+    def handler(signum: int, frame: object) -> None:
+        if stop.is_set():
+            raise KeyboardInterrupt
+        _say("stopping (Ctrl-C again to abort at once); a partial report will be written")
+        stop.set()
+
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+    return stop
+
+
+def _finish(results: list[Results], out_dir: Path, name: str) -> int:
+    paths = write_report(results, out_dir, name)
+    print(markdown_summary(results, paths.html))
+    print(f"\nreport: {paths.html}\nsummary: {paths.markdown}")
+    return 0 if all(r.verdict.verdict == "PASS" for r in results) else 1
+
+
+def main(argv: Sequence[str]) -> int:
+    """``sotw run|bench|capacity ...``; exit code 0 for PASS, 1 for FAIL."""
+    argv = list(argv)
+    command = argv[0] if argv and argv[0] in ("run", "bench", "capacity") else "run"
+    rest = argv[1:] if argv and argv[0] == command else argv
+    args = _parser(command).parse_args(rest)
+    setup_logging(args)
+    profile = _profile(args)
+    kafka: KafkaConfig | None = kafka_config(args) if args.bootstrap else None
+    root = args.run_dir or Path("runs") / f"{command}-{time.strftime('%Y%m%d-%H%M%S')}"
+    stop = _stop_on_signals()
+    cmdline = "sotw " + shlex.join([command, *rest])
+    if command == "run":
+        factor = parse_load(args.load)
+        result = execute(RunRequest(profile, factor, root, kafka, command=cmdline), stop, _say)
+        return _finish([result], root, "report")
+    if command == "bench":
+        results = []
+        for factor in (1.0, 10.0):
+            if stop.is_set():
+                break
+            _say(f"bench: {factor:g}x")
+            results.append(
+                execute(
+                    RunRequest(profile, factor, root / f"{factor:g}x", kafka, command=cmdline), stop, _say
+                )
+            )
+        if not results:
+            raise HarnessError("bench was stopped before the first run")
+        return _finish(results, root, "report")
+    capacity, results = search(
+        profile,
+        root,
+        kafka,
+        start=parse_load(args.start),
+        max_factor=parse_load(args.max),
+        refine=args.refine,
+        stop=stop,
+        progress=_say,
+    )
+    if not results:
+        raise HarnessError("capacity was stopped before the first step")
+    best = max(results, key=lambda r: (r.verdict.verdict == "PASS", r.run.load_factor))
+    summary = with_capacity(best, capacity)
+    summary.to_json(root / "results.json")
+    _finish([summary], root, "report")
+    return 0

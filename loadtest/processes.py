@@ -1,0 +1,154 @@
+"""The pipeline as its own process, as it runs in production: start, watch, stop gracefully or kill -9.
+
+The harness never runs Spark in its own process: a pipeline that falls over must not take the measurements
+with it, and its CPU and memory must be attributable.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from loadtest.errors import HarnessError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PipelineProcessConfig:
+    """How the harness starts ``sotw pipeline``.
+
+    Parameters
+    ----------
+    bootstrap
+        Kafka bootstrap address.
+    output, checkpoint
+        The pipeline's output root and checkpoint.
+    policy, trigger, session_timeout
+        Passed as ``--policy``, ``--trigger``, ``--session-timeout``.
+    extra_args
+        Any other ``sotw pipeline`` flags (``--window-messages 50``, ``-X k=v``).
+    """
+
+    bootstrap: str
+    output: Path
+    checkpoint: Path
+    pattern: str = "sotw-sensor-.*"
+    policy: str = "ordered"
+    trigger: str = "1s"
+    session_timeout: str = "1h"
+    extra_args: tuple[str, ...] = field(default_factory=tuple)
+
+    def argv(self) -> list[str]:
+        """The command line."""
+        return [
+            sys.executable,
+            "-m",
+            "pipeline",
+            "--bootstrap",
+            self.bootstrap,
+            "--pattern",
+            self.pattern,
+            "--policy",
+            self.policy,
+            "--trigger",
+            self.trigger,
+            "--session-timeout",
+            self.session_timeout,
+            "--output",
+            str(self.output),
+            "--checkpoint",
+            str(self.checkpoint),
+            *self.extra_args,
+        ]
+
+
+class PipelineProcess:
+    """A running ``sotw pipeline`` subprocess whose output goes to ``log_path``."""
+
+    def __init__(self, config: PipelineProcessConfig, log_path: Path) -> None:
+        self.config = config
+        self.log_path = log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> PipelineProcess:
+        """Start the process (returns at once; Spark takes seconds to come up)."""
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as out:
+            self.proc = subprocess.Popen(
+                self.config.argv(), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            )
+        log.info("pipeline started, pid %d, log %s", self.proc.pid, self.log_path)
+        return self
+
+    @property
+    def pid(self) -> int:
+        """The driver's process id."""
+        if self.proc is None:
+            raise HarnessError("the pipeline process was not started")
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        """True while the process runs."""
+        return self.proc is not None and self.proc.poll() is None
+
+    def returncode(self) -> int | None:
+        """Exit code, or None while running."""
+        return None if self.proc is None else self.proc.poll()
+
+    def tail(self, lines: int = 5) -> str:
+        """The last lines of its log, for error messages."""
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def wait_ready(self, timeout: float) -> None:
+        """Wait until the query has started (the output directory is claimed or a batch ran)."""
+        deadline = time.monotonic() + timeout
+        marker = self.config.checkpoint / "metadata"
+        while time.monotonic() < deadline:
+            if not self.alive():
+                raise HarnessError(
+                    f"the pipeline exited with code {self.returncode()} while starting:\n{self.tail()}"
+                )
+            if marker.exists():
+                return
+            time.sleep(0.2)
+        raise HarnessError(f"the pipeline did not start within {timeout:g} s:\n{self.tail()}")
+
+    def stop(self, timeout: float = 60.0) -> int | None:
+        """SIGTERM (the pipeline stops its query cleanly), then SIGKILL after ``timeout``."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                log.warning("pipeline did not stop within %g s; killing it", timeout)
+                self.kill()
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        """SIGKILL the whole process tree at once, as a crash would (driver, JVM and Python workers)."""
+        if self.proc is None:
+            return
+        try:
+            family = [psutil.Process(self.proc.pid), *psutil.Process(self.proc.pid).children(recursive=True)]
+        except psutil.NoSuchProcess:
+            family = []
+        for p in family:
+            try:
+                os.kill(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.proc.wait(30)

@@ -1,0 +1,545 @@
+"""The human-readable report: a self-contained HTML page and a Markdown summary from ``results.json``.
+
+One run gives throughput, lag and latency over time, latency percentiles, resource use, the correctness
+table with triage and, when measured, the capacity section. Two runs (``sotw bench``: 1x and 10x) are shown
+side by side. Charts are PNGs drawn with matplotlib's Agg canvas (no display, no pyplot global state) and
+embedded as base64 so the HTML file can be mailed or attached to a ticket on its own.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import logging
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, NullFormatter
+
+from loadtest.results import Correctness, Results, Series
+
+log = logging.getLogger(__name__)
+
+PERCENTILE_FIELDS = (("p50", "p50"), ("p90", "p90"), ("p99", "p99"), ("p99.9", "p99_9"), ("max", "max"))
+PHASE_COLOURS = {"warmup": "#f2f2f2", "steady": "#e6f2e6", "drain": "#f7ecdc"}
+RUN_COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd")
+
+
+@dataclass(frozen=True)
+class ReportPaths:
+    """Where the report was written."""
+
+    html: Path
+    markdown: Path
+
+
+# ------------------------------------------------------------------------------------------------ numbers
+
+
+def label(result: Results) -> str:
+    """A short name for a run in tables and legends: its load factor."""
+    return f"{result.run.load_factor:g}x"
+
+
+def fmt(value: float | int | None, unit: str = "", digits: int = 3) -> str:
+    """A number for a human: thousands separators, a few significant digits, '-' for missing."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "-"
+    if isinstance(value, int) or float(value).is_integer() and abs(value) >= 1:
+        text = f"{int(value):,}"
+    elif abs(value) >= 100:
+        text = f"{value:,.0f}"
+    else:
+        text = f"{value:.{digits}g}"
+    return f"{text} {unit}".strip()
+
+
+def steady_mean(result: Results, series: Series) -> float:
+    """The series' mean over the steady phase ``[start, end)`` (the whole series if there is none)."""
+    window = _phase_window(result, "steady")
+    points = [
+        v
+        for t, v in zip(series.t, series.values, strict=True)
+        if window is None or window[0] <= t < window[1]
+    ]
+    finite = [v for v in points if math.isfinite(v)]
+    return sum(finite) / len(finite) if finite else math.nan
+
+
+def _phase_window(result: Results, name: str) -> tuple[float, float] | None:
+    for phase in result.phases:
+        if phase.name == name:
+            start = result.run.started_ms
+            return (phase.start_ms - start) / 1000.0, (phase.end_ms - start) / 1000.0
+    return None
+
+
+def key_numbers(result: Results) -> list[tuple[str, str]]:
+    """The figures a capacity planner reads first, as (name, formatted value)."""
+    rows = [
+        ("verdict", result.verdict.verdict),
+        ("policy", result.run.policy),
+        ("duration", fmt((result.run.ended_ms - result.run.started_ms) / 1000.0, "s")),
+    ]
+    rows += [(f"{s.name} (steady mean)", fmt(steady_mean(result, s), s.unit)) for s in result.throughput]
+    for s in result.lag:
+        finite = [v for v in s.values if math.isfinite(v)]
+        rows.append((f"{s.name} (max)", fmt(max(finite) if finite else math.nan, s.unit)))
+    for lat in result.latency:
+        tail = (lat.p50, lat.p99, lat.p99_9, lat.max)
+        rows.append((f"{lat.name} p50 / p99 / p99.9 / max", " / ".join(fmt(v) for v in tail) + " ms"))
+    rows += [(k.replace("_", " "), fmt(v)) for k, v in result.summary.items()]
+    c = result.correctness
+    if c is not None:
+        rows += [
+            (
+                "exact session tables",
+                f"{c.sessions_exact}/{c.sessions_exact_required} ({fmt(100 * c.exact_match_rate, '%')})",
+            ),
+            ("rows lost / repeated", f"{c.rows_lost} / {c.rows_repeated}"),
+        ]
+    return rows
+
+
+# ------------------------------------------------------------------------------------------------ charts
+
+
+def _png(fig: Figure) -> bytes:
+    FigureCanvasAgg(fig)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
+    return buf.getvalue()
+
+
+def _shade_phases(ax: Axes, result: Results) -> None:
+    for phase in result.phases:
+        window = _phase_window(result, phase.name)
+        if window is not None:
+            ax.axvspan(*window, color=PHASE_COLOURS.get(phase.name, "#eeeeee"), zorder=0, lw=0)
+            ax.text(
+                (window[0] + window[1]) / 2,
+                0.99,
+                phase.name,
+                transform=ax.get_xaxis_transform(),
+                va="top",
+                ha="center",
+                fontsize=8,
+                color="#555555",
+            )
+
+
+def _series_axes(ax: Axes, result: Results, series: Sequence[Series], title: str) -> None:
+    _shade_phases(ax, result)
+    for s in series:
+        ax.plot(
+            s.t,
+            s.values,
+            label=s.name if not s.component or s.component in s.name else f"{s.name} [{s.component}]",
+            lw=1.4,
+        )
+    units = sorted({s.unit for s in series})
+    ax.set_title(f"{title} — {label(result)}", fontsize=11)
+    ax.set_xlabel("seconds since start")
+    ax.set_ylabel(", ".join(units))
+    ax.grid(True, alpha=0.3)
+    if series:
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+
+
+def _zero_based(axes: Sequence[Axes]) -> None:
+    """Start every y axis at 0 and give panels of one row the same top, so runs compare at a glance."""
+    top = 0.0
+    for ax in axes:
+        top = max(top, ax.get_ylim()[1])
+    for ax in axes:
+        ax.set_ylim(0, top if top > 0 else 1.0)
+
+
+def chart_over_time(
+    results: Sequence[Results], pick: Callable[[Results], list[Series]], title: str
+) -> bytes | None:
+    """One panel per run (side by side) of the series ``pick`` selects; None if no run has any."""
+    if not any(pick(r) for r in results):
+        return None
+    fig = Figure(figsize=(6.5 * len(results), 3.6))
+    # Each run keeps its own y scale: at 10x a shared axis would flatten the 1x panel into a line.
+    axes = fig.subplots(1, len(results), squeeze=False)[0]
+    for ax, result in zip(axes, results, strict=True):
+        _series_axes(ax, result, pick(result), title)
+    for ax in axes:
+        ax.set_ylim(bottom=0)
+    fig.tight_layout()
+    return _png(fig)
+
+
+def chart_resources(results: Sequence[Results]) -> bytes | None:
+    """CPU (% of one core) and memory (MB) per component over time, one column per run."""
+    if not any(r.resource_series for r in results):
+        return None
+    fig = Figure(figsize=(6.5 * len(results), 6.0))
+    axes = fig.subplots(2, len(results), squeeze=False, sharex="col")
+    for col, result in enumerate(results):
+        cpu = [s for s in result.resource_series if s.unit.startswith("%") or "cpu" in s.name]
+        mem = [s for s in result.resource_series if s not in cpu]
+        _series_axes(axes[0][col], result, cpu, "CPU")
+        _series_axes(axes[1][col], result, mem, "Memory")
+    for row in axes:
+        _zero_based(row)
+    fig.tight_layout()
+    return _png(fig)
+
+
+def chart_percentiles(results: Sequence[Results]) -> bytes | None:
+    """Grouped bars of p50 .. max for each latency, each run its colour, on a log scale."""
+    names = sorted({lat.name for r in results for lat in r.latency})
+    if not names:
+        return None
+    fig = Figure(figsize=(4.2 * len(names), 3.8))
+    axes = fig.subplots(1, len(names), squeeze=False)[0]
+    width = 0.8 / len(results)
+    for ax, name in zip(axes, names, strict=True):
+        for i, result in enumerate(results):
+            lat = next((x for x in result.latency if x.name == name), None)
+            if lat is None:
+                continue
+            values = [getattr(lat, f) for _, f in PERCENTILE_FIELDS]
+            xs = [j + (i - (len(results) - 1) / 2) * width for j in range(len(values))]
+            bars = ax.bar(
+                xs,
+                [v if math.isfinite(v) and v > 0 else 0 for v in values],
+                width,
+                label=label(result),
+                color=RUN_COLOURS[i % len(RUN_COLOURS)],
+            )
+            ax.bar_label(bars, labels=[fmt(v) for v in values], fontsize=7, rotation=90, padding=2)
+        ax.set_xticks(range(len(PERCENTILE_FIELDS)), [n for n, _ in PERCENTILE_FIELDS])
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: fmt(v)))
+        ax.yaxis.set_minor_formatter(NullFormatter())
+        ax.margins(y=0.25)
+        ax.set_title(f"{name} latency (ms)", fontsize=11)
+        ax.grid(True, axis="y", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    return _png(fig)
+
+
+def chart_capacity(result: Results) -> bytes | None:
+    """Achieved against offered rate per load factor: where the pipeline stops keeping up."""
+    cap = result.capacity
+    if cap is None or not cap.steps:
+        return None
+    fig = Figure(figsize=(7, 4))
+    ax = fig.subplots()
+    steps = sorted(cap.steps, key=lambda s: s.load_factor)
+    xs = [s.load_factor for s in steps]
+    ax.plot(xs, [s.target_rate for s in steps], "--", color="#888888", label="offered")
+    ax.plot(xs, [s.achieved_rate for s in steps], "-", color=RUN_COLOURS[0], label="achieved")
+    for s in steps:
+        ax.plot(s.load_factor, s.achieved_rate, "o", color="#2ca02c" if s.sustained else "#d62728")
+    if math.isfinite(cap.max_sustained_factor):
+        ax.axvline(
+            cap.max_sustained_factor,
+            color="#2ca02c",
+            lw=1,
+            ls=":",
+            label=f"max sustained {cap.max_sustained_factor:g}x",
+        )
+    ax.set_xlabel("load factor (x baseline)")
+    ax.set_ylabel("messages/s")
+    ax.set_title("Capacity: green = sustained, red = fell behind", fontsize=11)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return _png(fig)
+
+
+def charts(results: Sequence[Results]) -> list[tuple[str, bytes]]:
+    """Every chart that has data, as (title, PNG bytes), in reading order."""
+    made = [
+        ("Throughput over time", chart_over_time(results, lambda r: r.throughput, "Throughput")),
+        ("Lag over time", chart_over_time(results, lambda r: r.lag, "Lag")),
+        ("Latency over time", chart_over_time(results, lambda r: r.latency_series, "Latency")),
+        ("Latency percentiles", chart_percentiles(results)),
+        ("Resource use", chart_resources(results)),
+    ]
+    made += [(f"Capacity ({label(r)} run)", chart_capacity(r)) for r in results]
+    return [(title, png) for title, png in made if png is not None]
+
+
+# ------------------------------------------------------------------------------------------------ tables
+
+
+def _comparison_rows(results: Sequence[Results]) -> tuple[list[str], list[list[str]]]:
+    """Key numbers of each run in one table, runs as columns."""
+    columns = [dict(key_numbers(r)) for r in results]
+    names: list[str] = []
+    for col in columns:
+        names += [n for n in col if n not in names]
+    return ["", *(label(r) for r in results)], [[n, *(c.get(n, "-") for c in columns)] for n in names]
+
+
+def _latency_rows(results: Sequence[Results]) -> tuple[list[str], list[list[str]]]:
+    rows = [
+        [label(r), lat.name, fmt(lat.count), *(fmt(getattr(lat, f), "ms") for _, f in PERCENTILE_FIELDS)]
+        for r in results
+        for lat in r.latency
+    ]
+    return ["run", "latency", "count", *(n for n, _ in PERCENTILE_FIELDS)], rows
+
+
+def _resource_rows(results: Sequence[Results]) -> tuple[list[str], list[list[str]]]:
+    rows = [
+        [
+            label(r),
+            u.component,
+            fmt(u.cpu_mean, "%"),
+            fmt(u.cpu_max, "%"),
+            fmt(u.rss_mb_mean, "MB"),
+            fmt(u.rss_mb_max, "MB"),
+        ]
+        for r in results
+        for u in r.resources
+    ]
+    return ["run", "component", "CPU mean", "CPU max", "RSS mean", "RSS max"], rows
+
+
+def _fault_rows(c: Correctness) -> tuple[list[str], list[list[str]]]:
+    rows = [
+        [
+            f.kind,
+            f.fault,
+            fmt(f.injected),
+            fmt(f.expected),
+            fmt(f.detected),
+            fmt(f.true_positives),
+            fmt(f.precision),
+            fmt(f.recall),
+        ]
+        for f in c.faults
+    ]
+    return [
+        "violation",
+        "injected fault",
+        "injected",
+        "must detect",
+        "detected",
+        "correct",
+        "precision",
+        "recall",
+    ], rows
+
+
+def _correctness_rows(c: Correctness) -> tuple[list[str], list[list[str]]]:
+    rows = [
+        ["verdict", "PASS" if c.passed else "FAIL"],
+        ["policy", c.policy],
+        ["sessions", fmt(c.sessions_expected)],
+        [
+            "exact session tables",
+            f"{c.sessions_exact} of {c.sessions_exact_required} required "
+            f"({fmt(100 * c.exact_match_rate, '%')})",
+        ],
+        ["change rows expected / written", f"{fmt(c.rows_expected)} / {fmt(c.rows_written)}"],
+        ["rows lost / repeated / unexpected", f"{c.rows_lost} / {c.rows_repeated} / {c.rows_unexpected}"],
+        ["malformed quarantined", f"{c.malformed_quarantined} of {c.malformed_sent}"],
+        ["session statuses", ", ".join(f"{k} {v}" for k, v in sorted(c.statuses.items())) or "-"],
+        ["strict: query must stop", "yes" if c.must_stop else "no"],
+        ["blame", ", ".join(f"{k} {v}" for k, v in sorted(c.blame.items())) or "-"],
+    ]
+    return ["check", "result"], rows
+
+
+def _damage_rows(c: Correctness) -> tuple[list[str], list[list[str]]]:
+    rows = [
+        [d.sensor, d.session, fmt(d.degraded_from), fmt(d.observed_degraded_from), fmt(d.updates_affected)]
+        for d in c.damage
+    ]
+    return ["sensor", "session", "degraded from seq", "pipeline said", "updates affected"], rows
+
+
+def _triage_rows(c: Correctness, limit: int = 50) -> tuple[list[str], list[list[str]]]:
+    rows = [
+        [
+            d.kind,
+            d.session,
+            fmt(d.seq),
+            d.triage.layer if d.triage else "-",
+            d.detail,
+            d.triage.detail if d.triage else "",
+        ]
+        for d in c.discrepancies[:limit]
+    ]
+    return ["discrepancy", "session", "seq", "layer at fault", "what", "triage"], rows
+
+
+# ------------------------------------------------------------------------------------------------ markdown
+
+
+def _md_table(table: tuple[list[str], list[list[str]]]) -> str:
+    head, rows = table
+    if not rows:
+        return "_none_\n"
+    esc = [[cell.replace("|", "\\|") for cell in row] for row in rows]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(row) + " |" for row in esc]
+    return "\n".join(lines) + "\n"
+
+
+def markdown_summary(results: Sequence[Results], html_path: Path | None = None) -> str:
+    """The Markdown summary: verdicts and reasons, key numbers side by side, correctness and capacity."""
+    out = ["# sotw load-test report", ""]
+    for r in results:
+        out.append(
+            f"**{label(r)}: {r.verdict.verdict}** — run `{r.run.run_id}`, policy `{r.run.policy}`, "
+            f"profile `{r.run.profile_name}`"
+        )
+        out += [f"- {reason}" for reason in r.verdict.reasons]
+        out.append("")
+    out += [
+        "## Key numbers",
+        "",
+        _md_table(_comparison_rows(results)),
+        "## Latency percentiles",
+        "",
+        _md_table(_latency_rows(results)),
+    ]
+    for r in results:
+        if r.correctness is not None:
+            out += [
+                f"## Correctness ({label(r)})",
+                "",
+                _md_table(_correctness_rows(r.correctness)),
+                _md_table(_fault_rows(r.correctness)),
+            ]
+            if r.correctness.discrepancies:
+                out += ["### Discrepancies and triage", "", _md_table(_triage_rows(r.correctness, 20))]
+        if r.capacity is not None:
+            out += [f"## Capacity ({label(r)})", "", _md_table(_capacity_rows(r))]
+    if html_path is not None:
+        out.append(f"Full report: {html_path}")
+    return "\n".join(out) + "\n"
+
+
+def _capacity_rows(r: Results) -> tuple[list[str], list[list[str]]]:
+    cap = r.capacity
+    if cap is None:
+        return [], []
+    rows = [
+        ["max sustained load factor", fmt(cap.max_sustained_factor, "x")],
+        ["max sustained rate", fmt(cap.max_sustained_rate, "msg/s")],
+        ["1x baseline rate", fmt(cap.baseline_rate, "msg/s")],
+        ["headroom over 1x", fmt(cap.headroom, "x")],
+    ]
+    rows += [[f"time in {k}", fmt(v, "ms")] for k, v in cap.time_breakdown_ms.items()]
+    rows += [
+        [
+            f"step {fmt(s.load_factor)}x",
+            f"{fmt(s.achieved_rate)} of {fmt(s.target_rate)} msg/s, "
+            f"{'sustained' if s.sustained else 'fell behind'}",
+        ]
+        for s in cap.steps
+    ]
+    return ["capacity", "value"], rows
+
+
+# ------------------------------------------------------------------------------------------------ html
+
+_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:2em auto;max-width:1400px;color:#222}
+h1{margin-bottom:0.2em} h2{border-bottom:1px solid #ddd;padding-bottom:0.2em;margin-top:1.6em}
+table{border-collapse:collapse;margin:0.6em 0;font-size:0.9em}
+th,td{border:1px solid #ddd;padding:4px 8px;text-align:left;vertical-align:top} th{background:#f5f5f5}
+.PASS{color:#fff;background:#2e7d32;padding:2px 8px;border-radius:4px}
+.FAIL{color:#fff;background:#c62828;padding:2px 8px;border-radius:4px}
+img{max-width:100%;border:1px solid #eee} pre{background:#f7f7f7;padding:8px;overflow:auto}
+"""
+
+
+def _html_table(table: tuple[list[str], list[list[str]]]) -> str:
+    head, rows = table
+    if not rows:
+        return "<p><em>none</em></p>"
+    th = "".join(f"<th>{html.escape(h)}</th>" for h in head)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows)
+    return f"<table><tr>{th}</tr>{body}</table>"
+
+
+def render_html(results: Sequence[Results]) -> str:
+    """The whole report as one HTML document with its charts embedded."""
+    parts = [
+        f"<!doctype html><html><head><meta charset='utf-8'><title>sotw load test "
+        f"{html.escape(' vs '.join(label(r) for r in results))}</title><style>{_CSS}</style></head><body>",
+        "<h1>sotw load-test report</h1>",
+    ]
+    for r in results:
+        v = r.verdict.verdict
+        parts.append(
+            f"<p><span class='{v}'>{v}</span> <b>{html.escape(label(r))}</b> — run "
+            f"<code>{html.escape(r.run.run_id)}</code>, policy <code>{html.escape(r.run.policy)}</code>"
+            "</p>"
+        )
+        if r.verdict.reasons:
+            parts.append("<ul>" + "".join(f"<li>{html.escape(x)}</li>" for x in r.verdict.reasons) + "</ul>")
+    parts += ["<h2>Key numbers</h2>", _html_table(_comparison_rows(results))]
+    for title, png in charts(results):
+        data = base64.b64encode(png).decode("ascii")
+        parts += [
+            f"<h2>{html.escape(title)}</h2>",
+            f"<img alt='{html.escape(title)}' src='data:image/png;base64,{data}'>",
+        ]
+    parts += [
+        "<h2>Latency percentiles</h2>",
+        _html_table(_latency_rows(results)),
+        "<h2>Resources</h2>",
+        _html_table(_resource_rows(results)),
+    ]
+    for r in results:
+        parts += _html_run_details(r)
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def _html_run_details(r: Results) -> list[str]:
+    parts: list[str] = []
+    c = r.correctness
+    if c is not None:
+        parts += [
+            f"<h2>Correctness ({html.escape(label(r))})</h2>",
+            _html_table(_correctness_rows(c)),
+            "<h3>Injected faults: detected or missed</h3>",
+            _html_table(_fault_rows(c)),
+            "<h3>Damage window of degraded sessions</h3>",
+            _html_table(_damage_rows(c)),
+            "<h3>Discrepancies and triage</h3>",
+            _html_table(_triage_rows(c)),
+        ]
+    if r.capacity is not None:
+        parts += [f"<h2>Capacity ({html.escape(label(r))})</h2>", _html_table(_capacity_rows(r))]
+    if r.harness_overhead:
+        rows = [[k.replace("_", " "), fmt(v)] for k, v in r.harness_overhead.items()]
+        parts += ["<h3>Harness overhead</h3>", _html_table((["measure", "value"], rows))]
+    profile = "\n".join(f"{k} = {v!r}" for k, v in sorted(r.run.profile.items()))
+    parts += [
+        f"<h2>Profile {html.escape(r.run.profile_name)} ({html.escape(label(r))})</h2>",
+        f"<pre>{html.escape(profile or '(not recorded)')}</pre>",
+    ]
+    return parts
+
+
+def write_report(results: Sequence[Results], out_dir: Path, name: str = "report") -> ReportPaths:
+    """Write ``<name>.html`` and ``<name>.md`` for one run or several side by side; return their paths."""
+    if not results:
+        raise ValueError("write_report needs at least one Results")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = ReportPaths(out_dir / f"{name}.html", out_dir / f"{name}.md")
+    paths.html.write_text(render_html(results), encoding="utf-8")
+    paths.markdown.write_text(markdown_summary(results, paths.html), encoding="utf-8")
+    log.info("report written to %s", paths.html)
+    return paths

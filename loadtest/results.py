@@ -1,0 +1,345 @@
+"""``results.json``: the versioned record of one load-test run, as dataclasses with JSON round trip.
+
+The nightly benchmark job and the report read this file, so its shape is a contract: every field is
+described in ``docs/results-schema.md`` and ``SCHEMA_VERSION`` changes whenever a field is renamed, removed
+or changes meaning (adding an optional field with a default does not). ``from_json`` refuses any other
+version rather than guessing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from loadtest.errors import HarnessError
+
+SCHEMA_VERSION = 1
+LAYERS = ("producer", "broker", "pipeline", "unknown")
+VERDICTS = ("PASS", "FAIL")
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """Which run this is: identity, times, machine, versions and the load profile stated in full."""
+
+    run_id: str
+    started_ms: int
+    ended_ms: int
+    load_factor: float
+    policy: str
+    profile_name: str = "default"
+    profile: dict[str, Any] = field(default_factory=dict)
+    command: str = ""
+    bootstrap: str = ""
+    host: dict[str, Any] = field(default_factory=dict)
+    versions: dict[str, str] = field(default_factory=dict)
+    interrupted: bool = False
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One phase of the run (``warmup``, ``steady``, ``drain``) in epoch milliseconds."""
+
+    name: str
+    start_ms: int
+    end_ms: int
+
+
+@dataclass(frozen=True)
+class Series:
+    """A sampled time series: ``t`` in seconds since the run started, ``values`` in ``unit``."""
+
+    name: str
+    unit: str
+    t: list[float] = field(default_factory=list)
+    values: list[float] = field(default_factory=list)
+    component: str = ""
+
+    def __post_init__(self) -> None:
+        if len(self.t) != len(self.values):
+            raise ValueError(f"series {self.name!r}: t has {len(self.t)} points, values {len(self.values)}")
+
+
+@dataclass(frozen=True)
+class LatencySummary:
+    """Percentiles of one latency (milliseconds) from the HDR-style histogram."""
+
+    name: str
+    count: int
+    p50: float
+    p90: float
+    p99: float
+    p99_9: float
+    max: float
+    min: float = math.nan
+    mean: float = math.nan
+    relative_error: float = 0.01
+
+
+@dataclass(frozen=True)
+class ResourceUsage:
+    """CPU (percent of one core) and memory of one component over the measured phase."""
+
+    component: str
+    cpu_mean: float
+    cpu_max: float
+    rss_mb_mean: float
+    rss_mb_max: float
+
+
+@dataclass(frozen=True)
+class Triage:
+    """Where the on-call checks found a discrepancy's cause: each step's answer and the layer at fault."""
+
+    layer: str
+    sent: bool | None = None
+    delivered: bool | None = None
+    in_kafka: bool | None = None
+    detail: str = ""
+
+    def __post_init__(self) -> None:
+        if self.layer not in LAYERS:
+            raise ValueError(f"triage layer must be one of {LAYERS}, got {self.layer!r}")
+
+
+@dataclass(frozen=True)
+class Discrepancy:
+    """One way the pipeline's output differs from what a correct pipeline must write, with its triage."""
+
+    kind: str
+    session: str
+    detail: str
+    sensor: str = ""
+    seq: int | None = None
+    topic: str = ""
+    partition: int | None = None
+    offset: int | None = None
+    triage: Triage | None = None
+
+
+@dataclass(frozen=True)
+class FaultScore:
+    """Detection of one kind of violation: what the policy requires, what the pipeline reported, and both."""
+
+    kind: str
+    fault: str
+    injected: int
+    expected: int
+    detected: int
+    true_positives: int
+    precision: float
+    recall: float
+
+
+@dataclass(frozen=True)
+class DamageWindow:
+    """A degraded session: from which seq, and how many updates (to the session's end) were affected."""
+
+    session: str
+    sensor: str
+    degraded_from: int | None
+    observed_degraded_from: int | None
+    updates_affected: int
+
+
+@dataclass(frozen=True)
+class Correctness:
+    """The verifier's verdict on the pipeline's output under the run's policy."""
+
+    policy: str
+    passed: bool
+    sessions_expected: int
+    sessions_exact_required: int
+    sessions_exact: int
+    exact_match_rate: float
+    rows_expected: int
+    rows_written: int
+    rows_lost: int
+    rows_repeated: int
+    rows_unexpected: int
+    malformed_sent: int
+    malformed_quarantined: int
+    must_stop: bool = False
+    statuses: dict[str, int] = field(default_factory=dict)
+    faults: list[FaultScore] = field(default_factory=list)
+    damage: list[DamageWindow] = field(default_factory=list)
+    discrepancies: list[Discrepancy] = field(default_factory=list)
+    discrepancy_counts: dict[str, int] = field(default_factory=dict)
+    blame: dict[str, int] = field(default_factory=dict)
+    reasons: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class CapacityStep:
+    """One load factor tried by ``sotw capacity`` and whether the pipeline sustained it."""
+
+    load_factor: float
+    target_rate: float
+    achieved_rate: float
+    sustained: bool
+    lag_max: float = math.nan
+    latency_p99_ms: float = math.nan
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """The highest rate sustained on this machine, the headroom over 1x, and where the time went."""
+
+    steps: list[CapacityStep] = field(default_factory=list)
+    max_sustained_factor: float = math.nan
+    max_sustained_rate: float = math.nan
+    baseline_rate: float = math.nan
+    headroom: float = math.nan
+    time_breakdown_ms: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """PASS only if the pipeline kept up and the correctness checks hold; otherwise FAIL with reasons."""
+
+    verdict: str
+    reasons: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.verdict not in VERDICTS:
+            raise ValueError(f"verdict must be one of {VERDICTS}, got {self.verdict!r}")
+
+
+@dataclass(frozen=True)
+class Results:
+    """Everything one run measured and concluded; the content of ``results.json``."""
+
+    run: RunInfo
+    verdict: Verdict
+    phases: list[Phase] = field(default_factory=list)
+    throughput: list[Series] = field(default_factory=list)
+    lag: list[Series] = field(default_factory=list)
+    latency_series: list[Series] = field(default_factory=list)
+    latency: list[LatencySummary] = field(default_factory=list)
+    resources: list[ResourceUsage] = field(default_factory=list)
+    resource_series: list[Series] = field(default_factory=list)
+    summary: dict[str, float] = field(default_factory=dict)
+    correctness: Correctness | None = None
+    capacity: Capacity | None = None
+    harness_overhead: dict[str, float] = field(default_factory=dict)
+    schema_version: int = SCHEMA_VERSION
+
+    def __post_init__(self) -> None:
+        if self.schema_version != SCHEMA_VERSION:
+            raise ValueError(f"schema_version must be {SCHEMA_VERSION}, got {self.schema_version!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (NaN becomes null, because JSON has no NaN)."""
+        return typing.cast(dict[str, Any], _plain(dataclasses.asdict(self)))
+
+    def to_json(self, path: Path | None = None) -> str:
+        """Serialize to JSON text, and write it to ``path`` when given."""
+        text = json.dumps(self.to_dict(), indent=2, sort_keys=False, allow_nan=False)
+        if path is not None:
+            path.write_text(text + "\n", encoding="utf-8")
+        return text
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Results:
+        """Build and validate from a parsed ``results.json``.
+
+        Raises
+        ------
+        HarnessError
+            If the version is not ``SCHEMA_VERSION`` or a field is missing, unknown or of the wrong type.
+        """
+        if not isinstance(data, dict):
+            raise HarnessError("results.json must hold a JSON object")
+        version = data.get("schema_version")
+        if version != SCHEMA_VERSION:
+            raise HarnessError(
+                f"results.json has schema_version {version!r}; this sotw reads version {SCHEMA_VERSION}"
+            )
+        try:
+            return _build(cls, data, "results")
+        except (TypeError, ValueError) as exc:
+            raise HarnessError(f"results.json is invalid: {exc}") from None
+
+    @classmethod
+    def from_json(cls, source: str | Path) -> Results:
+        """Parse JSON text, or read it from a path, and validate it (see ``from_dict``)."""
+        text = source.read_text(encoding="utf-8") if isinstance(source, Path) else source
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise HarnessError(f"results.json is not JSON: {exc}") from None
+        return cls.from_dict(data)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+T = TypeVar("T")
+
+
+def _build(cls: type[T], data: Any, where: str) -> T:
+    if not isinstance(data, dict):
+        raise TypeError(f"{where} must be an object, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = set(data) - set(fields)
+    if unknown:
+        raise ValueError(f"{where} has unknown fields {sorted(unknown)}")
+    kwargs: dict[str, Any] = {}
+    for name, f in fields.items():
+        if name not in data:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise ValueError(f"{where}.{name} is missing")
+            continue
+        kwargs[name] = _convert(hints[name], data[name], f"{where}.{name}")
+    return cls(**kwargs)
+
+
+def _convert(hint: Any, value: Any, where: str) -> Any:
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _convert(inner[0], value, where)
+    if dataclasses.is_dataclass(hint):
+        return _build(typing.cast(type[Any], hint), value, where)
+    if origin is list:
+        if not isinstance(value, list):
+            raise TypeError(f"{where} must be a list")
+        return [_convert(args[0], v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise TypeError(f"{where} must be an object")
+        return {str(k): _convert(args[1], v, f"{where}.{k}") for k, v in value.items()}
+    if hint is Any:
+        return value
+    if hint is float:
+        if value is None:
+            return math.nan
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise TypeError(f"{where} must be a number, got {value!r}")
+        return float(value)
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{where} must be an integer, got {value!r}")
+        return value
+    if hint is bool and not isinstance(value, bool):
+        raise TypeError(f"{where} must be true or false, got {value!r}")
+    if hint is str and not isinstance(value, str):
+        raise TypeError(f"{where} must be a string, got {value!r}")
+    return value

@@ -1,0 +1,205 @@
+"""Triage: for each discrepancy, which layer lost or changed the message, checked the way on-call would.
+
+The order is the on-call engineer's: did the producer send it (the ledger's ``sent_ts`` and delivery
+report)? Is it in Kafka (read back with an independent assign-only consumer at the partition and offset
+the delivery report gave, comparing the value's SHA-256 with the ledger's)? If both hold, the pipeline lost
+it. Reading at an offset goes through one helper that copes with Tansu's high watermark (see
+``sotw.kafka``): an offset at or past the reported watermark is read from ``high - 1``, whose fetch returns
+the whole last batch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import replace
+from typing import Any
+
+import pandas as pd
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
+from loadtest.results import Discrepancy, Triage
+from sotw.kafka import KafkaConfig
+
+log = logging.getLogger(__name__)
+
+# Discrepancies about one message, whose seq can be traced through the layers.
+MESSAGE_KINDS = frozenset(
+    {"lost_row", "missing_session", "malformed_not_quarantined", "false_violation", "not_delivered"}
+)
+
+
+class KafkaReader:
+    """Reads single records by ``(topic, partition, offset)`` with an assign-only consumer, cached.
+
+    Parameters
+    ----------
+    kafka
+        The cluster the run used.
+    timeout
+        Seconds to wait for one record before calling it absent.
+    """
+
+    def __init__(self, kafka: KafkaConfig, timeout: float = 5.0) -> None:
+        self._consumer = kafka.consumer(
+            **{"enable.partition.eof": True, "auto.offset.reset": "error", "fetch.wait.max.ms": 20}
+        )
+        self._timeout = timeout
+        self._cache: dict[tuple[str, int, int], bytes | None] = {}
+
+    def close(self) -> None:
+        """Close the consumer."""
+        self._consumer.close()
+
+    def read(self, topic: str, partition: int, offset: int) -> bytes | None:
+        """The value stored at that offset, ``b""`` for a null value, or None if the record is not there."""
+        key = (topic, partition, offset)
+        if key not in self._cache:
+            self._cache[key] = self._fetch(topic, partition, offset)
+        return self._cache[key]
+
+    def _fetch(self, topic: str, partition: int, offset: int) -> bytes | None:
+        try:
+            low, high = self._consumer.get_watermark_offsets(
+                TopicPartition(topic, partition), timeout=self._timeout
+            )
+        except KafkaException as exc:
+            log.warning("cannot read watermarks of %s[%d]: %s", topic, partition, exc)
+            return None
+        if offset < low or high <= low:
+            return None
+        # Tansu's watermark is the last batch's base + 1: start at high - 1 to receive that whole batch.
+        start = offset if offset < high else high - 1
+        self._consumer.assign([TopicPartition(topic, partition, start)])
+        deadline = time.monotonic() + self._timeout
+        try:
+            while time.monotonic() < deadline:
+                msg = self._consumer.poll(0.2)  # returns on the first record, unlike consume(n)
+                if msg is None:
+                    continue
+                err = msg.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF or not err.retriable():
+                        return None
+                    continue
+                if msg.offset() == offset:
+                    return bytes(msg.value() or b"")
+                if msg.offset() > offset:
+                    return None
+        finally:
+            self._consumer.unassign()
+        return None
+
+
+class Triager:
+    """Names the layer at fault for each discrepancy (producer, broker, pipeline, or unknown if unchecked).
+
+    Parameters
+    ----------
+    ledger
+        The simulator's ledger (every copy a row).
+    kafka
+        The cluster to read back from; None skips the Kafka step (the layer is then ``unknown`` for
+        messages the producer did deliver).
+    limit
+        At most this many message discrepancies are checked against Kafka; the rest are ``unknown``.
+    """
+
+    def __init__(self, ledger: pd.DataFrame, kafka: KafkaConfig | None = None, limit: int = 200) -> None:
+        self._ledger = ledger
+        self._index: dict[Any, Any] | None = None  # (session, seq) -> row positions, built on demand
+        self._reader = KafkaReader(kafka) if kafka is not None else None
+        self._limit = limit
+
+    def close(self) -> None:
+        """Release the Kafka consumer."""
+        if self._reader is not None:
+            self._reader.close()
+
+    def __enter__(self) -> Triager:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def triage_all(self, discrepancies: Iterable[Discrepancy]) -> list[Discrepancy]:
+        """Each discrepancy with its ``triage`` filled in, in the same order."""
+        out: list[Discrepancy] = []
+        checked = 0
+        for d in discrepancies:
+            if d.kind not in MESSAGE_KINDS or (d.kind == "false_violation" and d.seq is None):
+                out.append(replace(d, triage=Triage("pipeline", detail="the pipeline's own output is wrong")))
+            elif checked >= self._limit:
+                out.append(replace(d, triage=Triage("unknown", detail=f"not triaged (limit {self._limit})")))
+            else:
+                checked += 1
+                out.append(replace(d, triage=self.triage(d)))
+        return out
+
+    def triage(self, d: Discrepancy) -> Triage:
+        """Walk the on-call checks for one message discrepancy."""
+        copies = self._ledger_copies(d)
+        if copies is None or copies.empty:
+            return Triage("pipeline", sent=False, detail="not in the ledger: the pipeline made it up")
+        sent = copies["sent_ts"].notna()
+        if not sent.any():
+            faults = ", ".join(sorted(set(copies["fault"].astype(str))))
+            return Triage("producer", sent=False, delivered=False, detail=f"never sent (fault: {faults})")
+        delivered = copies[copies["delivered"].fillna(False).astype(bool) & copies["offset"].notna()]
+        if delivered.empty:
+            errors = "; ".join(sorted({str(r["error"]) for r in _records(copies) if _present(r["error"])}))
+            return Triage(
+                "producer", True, False, detail=f"sent but not acknowledged: {errors or 'no report'}"
+            )
+        if self._reader is None:
+            return Triage("unknown", True, True, detail="delivered per the ledger; Kafka not checked")
+        return self._check_kafka(delivered)
+
+    def _ledger_copies(self, d: Discrepancy) -> pd.DataFrame | None:
+        ledger = self._ledger
+        if d.seq is None and d.offset is not None and d.partition is not None:
+            hit = ledger[
+                (ledger["offset"] == d.offset)
+                & (ledger["partition"] == d.partition)
+                & (ledger["topic"] == d.topic)
+            ]
+            return hit
+        if d.seq is None:
+            return None
+        if self._index is None:
+            self._index = dict(ledger.groupby(["session", "seq"], sort=False).indices)
+        positions = self._index.get((d.session, d.seq))
+        if positions is None:
+            return None
+        copies: pd.DataFrame = ledger.iloc[positions]
+        if d.offset is not None:
+            copies = copies[copies["offset"] == d.offset]
+        return copies
+
+    def _check_kafka(self, delivered: pd.DataFrame) -> Triage:
+        assert self._reader is not None
+        notes = []
+        for r in _records(delivered):  # only copies with an offset reach here
+            topic, partition, offset = str(r["topic"]), int(r["partition"]), int(r["offset"])
+            where = f"{topic}[{partition}]@{offset}"
+            value = self._reader.read(topic, partition, offset)
+            if value is None:
+                notes.append(f"absent at {where}")
+            elif hashlib.sha256(value).hexdigest() != r["value_sha256"]:
+                notes.append(f"different value at {where}")
+            else:
+                return Triage(
+                    "pipeline", True, True, True, detail=f"in Kafka at {where}; the pipeline lost it"
+                )
+        return Triage("broker", True, True, False, detail="acknowledged but " + "; ".join(notes))
+
+
+def _records(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    """Rows as plain dicts with string keys."""
+    return [{str(k): v for k, v in r.items()} for r in frame.to_dict("records")]
+
+
+def _present(value: Any) -> bool:
+    return value is not None and not (isinstance(value, float) and value != value)

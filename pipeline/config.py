@@ -1,0 +1,120 @@
+"""``PipelineConfig``: every knob of ``sotw pipeline``, built by the CLI and passed inward unchanged."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pipeline.policies import PolicyConfig
+from pipeline.spark import SparkConfig
+from sotw.kafka import KafkaConfig
+
+SOURCES = ("sotw-kafka", "spark-kafka")
+_TRIGGER = re.compile(r"^(\d+(?:\.\d+)?)\s*(ms|s|sec|seconds?|m|min|minutes?|h|hours?)$")
+_UNIT_MS = {"ms": 1, "s": 1000, "sec": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000}
+
+
+def parse_trigger(text: str) -> int | None:
+    """Turn ``"5s"``, ``"500ms"``, ``"15 minutes"`` into milliseconds; ``"availableNow"`` gives None."""
+    if text.replace("-", "").replace("_", "").lower() == "availablenow":
+        return None
+    match = _TRIGGER.match(text.strip().lower())
+    if not match:
+        raise ValueError(f"trigger must be like 5s, 500ms, 15min, 1h or availableNow, got {text!r}")
+    number, unit = float(match.group(1)), match.group(2)
+    key = unit if unit in _UNIT_MS else unit[0]
+    return int(number * _UNIT_MS[key])
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    """Where to read, how to rebuild, where to write.
+
+    Parameters
+    ----------
+    kafka
+        The cluster and librdkafka settings.
+    output
+        Root of the Parquet outputs (see docs/pipeline-outputs.md).
+    checkpoint
+        Spark checkpoint directory: offsets, state and commits. Keep it with the output it belongs to.
+    pattern
+        Topic regex to subscribe to (Spark's ``subscribePattern``).
+    starting_offsets
+        ``earliest``, ``latest`` or Spark's JSON form, for a query with no checkpoint yet.
+    policy
+        The integrity policy and its timeouts.
+    trigger_ms
+        Micro-batch interval in milliseconds; None means ``availableNow`` (drain the backlog, then stop).
+    max_offsets_per_trigger
+        Upper bound of records per micro-batch (None: no bound).
+    fail_on_data_loss
+        Stop when offsets the query still needs are gone.
+    discovery_interval_ms
+        How often new topics matching ``pattern`` are looked for.
+    source
+        ``sotw-kafka`` (Python data source, works everywhere) or ``spark-kafka`` (Spark's JVM connector,
+        where its jar is installed).
+    spark
+        How to start Spark.
+    progress_path
+        JSON-lines file of per-trigger progress; defaults to ``OUTPUT/progress.jsonl``.
+    drop_batches
+        Sabotage for the harness's self-test: these batch ids are committed without writing their records,
+        as a buggy sink would. Never set it outside a drill.
+    """
+
+    kafka: KafkaConfig
+    output: Path
+    checkpoint: Path
+    pattern: str = "sotw-sensor-.*"
+    starting_offsets: str = "earliest"
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    trigger_ms: int | None = 2000
+    max_offsets_per_trigger: int | None = None
+    fail_on_data_loss: bool = True
+    discovery_interval_ms: int = 5000
+    source: str = "sotw-kafka"
+    spark: SparkConfig = field(default_factory=SparkConfig)
+    progress_path: Path | None = None
+    drop_batches: frozenset[int] = frozenset()
+
+    def __post_init__(self) -> None:
+        try:
+            re.compile(self.pattern)
+        except re.error as exc:
+            raise ValueError(f"pattern {self.pattern!r} is not a valid regex: {exc}") from None
+        if self.source not in SOURCES:
+            raise ValueError(f"source must be one of {', '.join(SOURCES)}, got {self.source!r}")
+        if self.trigger_ms is not None and self.trigger_ms < 0:
+            raise ValueError(f"trigger_ms must be >= 0, got {self.trigger_ms}")
+        if self.max_offsets_per_trigger is not None and self.max_offsets_per_trigger < 1:
+            raise ValueError(f"max_offsets_per_trigger must be >= 1, got {self.max_offsets_per_trigger}")
+        if self.discovery_interval_ms < 0:
+            raise ValueError(f"discovery_interval_ms must be >= 0, got {self.discovery_interval_ms}")
+        if self.output.resolve() == self.checkpoint.resolve():
+            raise ValueError("output and checkpoint must be different directories")
+
+    @property
+    def progress_file(self) -> Path:
+        """Where per-trigger progress is appended."""
+        return self.progress_path or self.output / "progress.jsonl"
+
+    def source_options(self) -> dict[str, str]:
+        """Options for ``readStream.format(source)``, named as Spark's own Kafka source names them."""
+        opts = {
+            "kafka.bootstrap.servers": self.kafka.bootstrap,
+            "subscribePattern": self.pattern,
+            "startingOffsets": self.starting_offsets,
+            "failOnDataLoss": str(self.fail_on_data_loss).lower(),
+        }
+        if self.source == "sotw-kafka":
+            opts["topicDiscoveryIntervalMs"] = str(self.discovery_interval_ms)
+        else:
+            opts["kafka.metadata.max.age.ms"] = str(self.discovery_interval_ms)
+        if self.max_offsets_per_trigger is not None:
+            opts["maxOffsetsPerTrigger"] = str(self.max_offsets_per_trigger)
+        for key, value in self.kafka.settings.items():
+            opts[f"kafka.{key}"] = value
+        return opts

@@ -1,0 +1,134 @@
+"""The one place where the streaming query is assembled: source -> reconstruction -> exactly-once outputs.
+
+``start_query`` wires the parts and returns the running ``StreamingQuery``; ``run`` adds what a long-running job
+needs around it: the consistency check before start, the progress log, clean stop on Ctrl-C/SIGTERM, and turning
+an integrity violation inside a Python worker back into one clear ``PipelineError``.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from pipeline.config import PipelineConfig
+from pipeline.errors import IntegrityStopped, PipelineError
+from pipeline.progress import ProgressLog
+from pipeline.reconstruct import NO_DATA_BATCHES, reconstruct
+from pipeline.sinks import OutputWriter, check_consistency
+
+log = logging.getLogger(__name__)
+
+KAFKA_COLUMNS = ("key", "value", "topic", "partition", "offset", "timestamp")
+
+
+def read_source(spark: Any, config: PipelineConfig) -> Any:
+    """The streaming DataFrame of Kafka records, from the Python data source or Spark's own connector."""
+    fmt = "sotw-kafka" if config.source == "sotw-kafka" else "kafka"
+    reader = spark.readStream.format(fmt)
+    for key, value in config.source_options().items():
+        reader = reader.option(key, value)
+    return reader.load().select(*KAFKA_COLUMNS)
+
+
+def query_name(config: PipelineConfig) -> str:
+    """The streaming query's name: the output directory's, so progress events can be told apart."""
+    return f"sotw-{config.output.resolve().name}"
+
+
+def start_query(spark: Any, config: PipelineConfig, writer: OutputWriter | None = None) -> Any:
+    """Build and start the query; the caller owns stopping it."""
+    check_consistency(config.output, config.checkpoint)
+    records = reconstruct(read_source(spark, config), config.policy)
+    stream = (
+        records.writeStream.queryName(query_name(config))
+        .foreachBatch(writer or OutputWriter(config.output, config.checkpoint, config.drop_batches))
+        .option("checkpointLocation", str(config.checkpoint))
+        .outputMode("append")
+    )
+    if config.trigger_ms is None:
+        stream = stream.trigger(availableNow=True)
+    else:
+        stream = stream.trigger(processingTime=f"{config.trigger_ms} milliseconds")
+    # Processing-time timeouts make Spark run an empty batch at every trigger. That is how quiet sessions
+    # expire in a continuous run, but under availableNow it never ends: there, timeouts fire with the next
+    # batch that has data. Spark reads the setting when the query starts.
+    spark.conf.set(NO_DATA_BATCHES, "false" if config.trigger_ms is None else "true")
+    return stream.start()
+
+
+_VIOLATION = re.compile(r"(IntegrityViolation|DataLossError|PipelineError): (.+?)(?:\n|$)")
+
+
+def explain_failure(exc: BaseException) -> PipelineError:
+    """Turn a failed query's exception into a ``PipelineError`` carrying the worker's own message.
+
+    A violation raised in a Python worker reaches the driver wrapped in a JVM stack trace; the user needs its
+    first line (sensor, session, topic, partition, offset, expected and received seq), not the trace.
+    """
+    text = str(exc)
+    match = _VIOLATION.search(text)
+    if match:
+        kind, message = match.groups()
+        cls = IntegrityStopped if kind == "IntegrityViolation" else PipelineError
+        return cls(message.strip())
+    first = next((line for line in text.splitlines() if line.strip()), text)
+    return PipelineError(f"the streaming query failed: {first.strip()[:500]}")
+
+
+@dataclass
+class RunResult:
+    """How a pipeline run ended."""
+
+    last_batch: int | None
+    stopped_by: str  # "drained" (availableNow) or "signal"
+
+
+def run(
+    spark: Any,
+    config: PipelineConfig,
+    stop: threading.Event | None = None,
+    on_progress: Callable[[dict[str, Any]], None] | None = None,
+) -> RunResult:
+    """Run the query until it drains (availableNow), ``stop`` is set, or it fails.
+
+    Raises
+    ------
+    PipelineError
+        If the query failed; ``IntegrityStopped`` when the strict policy stopped it.
+    """
+    stop = stop or threading.Event()
+    writer = OutputWriter(config.output, config.checkpoint, config.drop_batches)
+    listener = ProgressLog(config.progress_file, query_name(config), on_progress)
+    spark.streams.addListener(listener)
+    try:
+        query = start_query(spark, config, writer)
+    except BaseException:
+        spark.streams.removeListener(listener)
+        raise
+    stopped_by = "drained"
+    try:
+        while True:
+            if query.awaitTermination(0.5):
+                break
+            if stop.is_set():
+                stopped_by = "signal"
+                query.stop()
+                break
+        exc = query.exception()
+        if exc is not None:
+            raise explain_failure(exc)
+    except Exception as exc:
+        if isinstance(exc, PipelineError):
+            raise
+        raise explain_failure(exc) from None
+    finally:
+        try:
+            if query.isActive:
+                query.stop()
+        finally:
+            spark.streams.removeListener(listener)
+    return RunResult(last_batch=None if writer.last is None else writer.last.batch_id, stopped_by=stopped_by)

@@ -1,0 +1,243 @@
+"""Exactly-once Parquet outputs for the four datasets, written from ``foreachBatch``.
+
+Spark's file sink gives exactly-once for one dataset per query; sotw needs four (changes, sessions, integrity,
+dead letters) from one stateful step, so ``OutputWriter`` does the same job by hand:
+
+1. every file a batch writes carries the batch id in its name (``b<batch>-...``);
+2. ``_commits/<batch>.json`` is written last, atomically (write to a temporary name, then rename);
+3. a batch whose marker exists is skipped, and before a batch is (re)written its leftovers from an earlier,
+   interrupted attempt are removed.
+
+Spark replays an uncommitted batch with the same offsets after a crash, so each batch lands exactly once
+whether the process died before, during or after the write. ``check_consistency`` refuses to start when the
+checkpoint and the output no longer describe the same history, rather than silently skipping or repeating batches.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pipeline.errors import PipelineError
+
+log = logging.getLogger(__name__)
+
+DATASETS = ("changes", "sessions", "integrity", "dead_letters")
+OWNER_FILE = "_sotw.json"
+COMMITS = "_commits"
+STAGING = "_staging"
+
+# The columns of each dataset, in order; `sensor`/`date` are the partition columns (see docs/pipeline-outputs.md).
+COLUMNS: dict[str, tuple[str, ...]] = {
+    "changes": (
+        "session", "seq", "row_id", "op", "values", "event_ms", "topic", "partition", "offset",
+    ),
+    "sessions": (
+        "session", "topic", "status", "closed_by", "row_count", "digest", "expected_rows", "expected_digest",
+        "first_seq", "last_seq", "messages", "gaps", "duplicates", "reordered", "malformed", "digest_mismatches",
+        "missing_snapshot", "degraded_from_seq", "event_ms", "partition", "offset",
+    ),
+    "integrity": (
+        "session", "violation", "seq", "expected_seq", "got_seq", "missing_from", "missing_to", "detail",
+        "event_ms", "topic", "partition", "offset",
+    ),
+    "dead_letters": ("sensor", "session", "topic", "partition", "offset", "key", "value", "detail"),
+}  # fmt: skip
+# The stateful step's `record` value that goes to each dataset.
+RECORD_OF = {
+    "changes": "change",
+    "sessions": "session",
+    "integrity": "integrity",
+    "dead_letters": "dead_letter",
+}
+PARTITIONS: dict[str, tuple[str, ...]] = {
+    "changes": ("sensor", "date"),
+    "sessions": ("sensor", "date"),
+    "integrity": ("sensor", "date"),
+    "dead_letters": ("date",),
+}
+
+
+def _atomic_write_json(path: Path, payload: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(payload, indent=1, sort_keys=True))
+    os.replace(tmp, path)
+
+
+def committed_batches(output: Path) -> list[int]:
+    """Batch ids that are fully written to ``output``, ascending."""
+    folder = output / COMMITS
+    if not folder.is_dir():
+        return []
+    return sorted(int(p.stem) for p in folder.glob("*.json") if p.stem.isdigit())
+
+
+def checkpoint_batches(checkpoint: Path) -> list[int]:
+    """Batch ids the Spark checkpoint has committed, ascending."""
+    folder = checkpoint / "commits"
+    if not folder.is_dir():
+        return []
+    return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit())
+
+
+def checkpoint_query_id(checkpoint: Path) -> str | None:
+    """The query id Spark recorded in ``checkpoint/metadata`` (None before the first start)."""
+    meta = checkpoint / "metadata"
+    if not meta.is_file():
+        return None
+    try:
+        return str(json.loads(meta.read_text().splitlines()[0])["id"])
+    except (ValueError, KeyError, IndexError) as exc:
+        raise PipelineError(f"checkpoint {checkpoint} is damaged: cannot read its metadata ({exc})") from None
+
+
+def check_consistency(output: Path, checkpoint: Path) -> None:
+    """Refuse to start if the checkpoint and the output disagree about what has been written.
+
+    The output may be at most one batch ahead of the checkpoint (the process died after the output's commit
+    marker and before Spark's own commit; that batch is replayed and skipped). Anything else means batches
+    would be silently skipped or repeated.
+    """
+    out_batches = committed_batches(output)
+    ckpt_batches = checkpoint_batches(checkpoint)
+    owner = output / OWNER_FILE
+    query_id = checkpoint_query_id(checkpoint)
+    if owner.is_file():
+        recorded = json.loads(owner.read_text()).get("query_id")
+        if query_id is None and out_batches:
+            raise PipelineError(
+                f"output {output} holds {len(out_batches)} batches written by query {recorded}, but checkpoint "
+                f"{checkpoint} is empty: restore the checkpoint or use a new output directory"
+            )
+        if query_id is not None and recorded != query_id:
+            raise PipelineError(
+                f"output {output} belongs to query {recorded}, but checkpoint {checkpoint} is query {query_id}: "
+                "they come from different runs; use matching directories"
+            )
+    elif out_batches:
+        raise PipelineError(f"output {output} has batches but no {OWNER_FILE}: it was not written by sotw")
+    last_out = out_batches[-1] if out_batches else -1
+    last_ckpt = ckpt_batches[-1] if ckpt_batches else -1
+    if last_out > last_ckpt + 1:
+        raise PipelineError(
+            f"output {output} has batches up to {last_out} but checkpoint {checkpoint} only up to {last_ckpt}: "
+            "the checkpoint is older than the output (restored or damaged); refusing to rewrite or skip batches"
+        )
+    if last_ckpt >= 0 and last_out < last_ckpt:
+        raise PipelineError(
+            f"checkpoint {checkpoint} has committed batches up to {last_ckpt} but output {output} only up to "
+            f"{last_out}: output was lost or deleted; refusing to continue with a hole in the output"
+        )
+
+
+@dataclass
+class BatchStats:
+    """What one micro-batch wrote, per dataset."""
+
+    batch_id: int
+    rows: dict[str, int]
+    committed_ms: int
+
+
+class OutputWriter:
+    """The ``foreachBatch`` function: writes one micro-batch's records to the four datasets exactly once.
+
+    Parameters
+    ----------
+    output
+        The output root.
+    checkpoint
+        The query's checkpoint; its query id is recorded in the output on the first batch.
+    drop_batches
+        Batches committed without writing their records (``--drop-batch``, the harness's self-test).
+    """
+
+    def __init__(self, output: Path, checkpoint: Path, drop_batches: frozenset[int] = frozenset()) -> None:
+        self.output = output
+        self.checkpoint = checkpoint
+        self.drop_batches = drop_batches
+        self.last: BatchStats | None = None
+        self._owner_checked = False
+
+    def _claim(self) -> None:
+        query_id = checkpoint_query_id(self.checkpoint)
+        owner = self.output / OWNER_FILE
+        if owner.is_file():
+            recorded = json.loads(owner.read_text()).get("query_id")
+            if recorded != query_id:
+                raise PipelineError(f"output {self.output} belongs to query {recorded}, not {query_id}")
+        else:
+            self.output.mkdir(parents=True, exist_ok=True)
+            _atomic_write_json(owner, {"query_id": query_id, "checkpoint": str(self.checkpoint.resolve())})
+        self._owner_checked = True
+
+    def _clear_attempt(self, batch_id: int) -> None:
+        shutil.rmtree(self.output / STAGING / str(batch_id), ignore_errors=True)
+        for dataset in DATASETS:
+            root = self.output / dataset
+            if root.is_dir():
+                for stale in root.rglob(f"b{batch_id}-*"):
+                    stale.unlink()
+
+    def __call__(self, batch_df: Any, batch_id: int) -> None:
+        """Write ``batch_df`` (records of the stateful step) for ``batch_id``, unless already written."""
+        from pyspark.sql import functions as F
+
+        if not self._owner_checked:
+            self._claim()
+        marker = self.output / COMMITS / f"{batch_id}.json"
+        if marker.exists():
+            # Replayed after a crash between our commit and Spark's: the rows are already in the output. The
+            # batch must still run to the end so the state store commits this version (Spark checks it).
+            log.info("batch %d already in the output; not written again", batch_id)
+            batch_df.write.format("noop").mode("overwrite").save()
+            return
+        self._clear_attempt(batch_id)
+        processed_ms = int(time.time() * 1000)
+        df = batch_df.withColumn("batch_id", F.lit(batch_id).cast("long")).withColumn(
+            "processed_ms", F.lit(processed_ms).cast("long")
+        )
+        date_of = F.coalesce(F.col("event_ms"), F.lit(processed_ms))
+        df = df.withColumn("date", F.date_format(F.timestamp_millis(date_of), "yyyy-MM-dd"))
+        df = df.persist()
+        try:
+            counts = {r["record"]: int(r["count"]) for r in df.groupBy("record").count().collect()}
+            staging = self.output / STAGING / str(batch_id)
+            for dataset in DATASETS:
+                record = RECORD_OF[dataset]
+                if not counts.get(record) or batch_id in self.drop_batches:
+                    continue
+                cols = [*COLUMNS[dataset], "batch_id", "processed_ms", *PARTITIONS[dataset]]
+                cols = list(dict.fromkeys(cols))
+                (
+                    df.filter(F.col("record") == record)
+                    .select(*cols)
+                    .write.partitionBy(*PARTITIONS[dataset])
+                    .parquet(str(staging / dataset))
+                )
+                self._publish(staging / dataset, self.output / dataset, batch_id)
+        finally:
+            df.unpersist()
+        shutil.rmtree(self.output / STAGING / str(batch_id), ignore_errors=True)
+        committed_ms = int(time.time() * 1000)
+        (self.output / COMMITS).mkdir(parents=True, exist_ok=True)
+        rows = {ds: counts.get(RECORD_OF[ds], 0) for ds in DATASETS}
+        _atomic_write_json(
+            marker,
+            {"batch_id": batch_id, "processed_ms": processed_ms, "committed_ms": committed_ms, "rows": rows},
+        )
+        self.last = BatchStats(batch_id, rows, committed_ms)
+
+    @staticmethod
+    def _publish(staging: Path, final: Path, batch_id: int) -> None:
+        """Move a batch's Parquet files from staging into the dataset, named after the batch."""
+        for src in staging.rglob("*.parquet"):
+            dest_dir = final / src.parent.relative_to(staging)
+            dest_dir.mkdir(parents=True, exist_ok=True)
+            os.replace(src, dest_dir / f"b{batch_id}-{src.name}")

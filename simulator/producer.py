@@ -1,0 +1,745 @@
+"""The simulator's run loop: plan messages in numpy blocks, encode them, produce them on schedule.
+
+``Simulator`` is the programmatic API the CLI, the load-test harness and the Locust UI share. Its loop is
+open-loop: every message has an intended send time from the schedule, the loop waits for it when ahead and
+never skips when behind, and lateness (sent minus intended) is measured, so a slow broker shows up as
+lateness rather than as a lower rate nobody asked for (coordinated omission). Per-message Python work is kept
+to one table update, one encode, one hash, one ``produce`` and a few list appends; everything else is done
+per block or off the hot path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import heapq
+import itertools
+import json
+import logging
+import math
+import platform
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from confluent_kafka import KafkaException, Producer
+
+from simulator.config import DEFAULT_PRODUCER, FAULT_KINDS, FaultConfig, SimulatorConfig, SimulatorError
+from simulator.faults import (
+    ABANDONED,
+    DELAYED,
+    DUPLICATE,
+    FAULT_NAMES,
+    GAP,
+    MALFORMED,
+    NONE,
+    FaultTable,
+    decide,
+    malform,
+)
+from simulator.fleet import Fleet, Sensor, Session
+from simulator.ledger import END, KIND_NAMES, SNAPSHOT, UPDATE, Ledger
+from simulator.truth import Truth
+from sotw import wire
+from sotw.broker import wait_for_kafka
+from sotw.kafka import KafkaConfig, ensure_topics
+
+log = logging.getLogger(__name__)
+
+Clock = Callable[[], float]
+MAX_BLOCK = 8192
+BLOCK_SPAN_S = 0.1
+SEAL_EVERY_S = 0.5
+SEAL_ROWS = 250_000
+
+
+@dataclass(frozen=True)
+class SimulatorStats:
+    """Cumulative counters of a run, safe to sample from another thread once a second.
+
+    Parameters
+    ----------
+    elapsed_s
+        Wall-clock seconds since the run started.
+    planned
+        Messages planned (one per schedule slot, plus closing ``end`` messages); duplicate copies excluded.
+    sent
+        Messages handed to the producer, duplicate copies included.
+    acked
+        Messages the broker acknowledged.
+    failed
+        Messages whose delivery report carried an error.
+    in_flight
+        Messages sent and not yet reported on.
+    faults
+        Injected faults by kind (``gap``, ``duplicate``, ``delayed``, ``malformed``, ``abandoned``).
+    rate
+        Messages sent per second over about the last second.
+    lateness_p50_ms, lateness_p99_ms, lateness_max_ms
+        Send time minus intended time over on-schedule messages (delayed and duplicate copies excluded);
+        None until the first ledger chunk is sealed (about one second).
+    sensors
+        Sensors currently publishing.
+    sessions
+        Sessions opened so far.
+    load_factor
+        The current load factor.
+    backpressure_waits
+        Times the producer queue was full and the loop waited for the broker.
+    """
+
+    elapsed_s: float = 0.0
+    planned: int = 0
+    sent: int = 0
+    acked: int = 0
+    failed: int = 0
+    in_flight: int = 0
+    faults: Mapping[str, int] = field(default_factory=lambda: dict.fromkeys(FAULT_KINDS, 0))
+    rate: float = 0.0
+    lateness_p50_ms: float | None = None
+    lateness_p99_ms: float | None = None
+    lateness_max_ms: float | None = None
+    sensors: int = 0
+    sessions: int = 0
+    load_factor: float = 1.0
+    backpressure_waits: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able dict."""
+        out = dataclasses.asdict(self)
+        out["faults"] = dict(self.faults)
+        return out
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """What a finished run did and where its records are.
+
+    Parameters
+    ----------
+    run_id
+        The run directory's name, mixed into every session id.
+    run_dir
+        Where ``ledger/``, ``truth/`` and ``run.json`` are.
+    started_ms, ended_ms
+        Wall-clock start and end, epoch ms.
+    stats
+        Final counters.
+    unacknowledged
+        Messages sent but never acknowledged (flush timed out or the broker refused them).
+    ledger_rows
+        Rows written to the ledger.
+    topics
+        Every sensor topic of the run.
+    interrupted
+        True if the run was cut short by Ctrl-C (sessions left open, pending delayed messages not sent).
+    """
+
+    run_id: str
+    run_dir: Path
+    started_ms: int
+    ended_ms: int
+    stats: SimulatorStats
+    unacknowledged: int
+    ledger_rows: int
+    topics: tuple[str, ...]
+    interrupted: bool = False
+
+
+def _versions() -> dict[str, str]:
+    import confluent_kafka
+    import pyarrow
+
+    import sotw
+
+    return {
+        "sotw": sotw.__version__,
+        "python": platform.python_version(),
+        "confluent_kafka": confluent_kafka.version()[0],
+        "librdkafka": confluent_kafka.libversion()[0],
+        "numpy": np.__version__,
+        "pyarrow": pyarrow.__version__,
+    }
+
+
+def _iso(epoch_s: float) -> str:
+    return datetime.fromtimestamp(epoch_s, tz=UTC).isoformat(timespec="milliseconds")
+
+
+class Simulator:
+    """A fleet of sensors publishing snapshots and updates to Kafka, with faults and a ledger.
+
+    Parameters
+    ----------
+    config
+        Everything about the fleet, the load and the faults.
+    kafka
+        Where the brokers are; its settings override the producer defaults and ``config.producer``.
+    run_dir
+        Directory for ``ledger/``, ``truth/`` and ``run.json``; its name is the run id.
+    clock
+        Returns epoch seconds; the schedule starts at its first reading. It must advance with real time
+        (the loop waits on the broker, not on the clock). Defaults to ``time.time``.
+
+    Notes
+    -----
+    ``set_faults``, ``set_load_factor`` and ``stats`` may be called from other threads while ``run`` is
+    running; changes take effect at the next block (at most about 0.1 s of schedule).
+    """
+
+    def __init__(
+        self, config: SimulatorConfig, kafka: KafkaConfig, run_dir: Path, clock: Clock | None = None
+    ) -> None:
+        if not isinstance(config, SimulatorConfig):
+            raise SimulatorError(f"config must be a SimulatorConfig, got {type(config).__name__}")
+        self.config = config
+        self.kafka = kafka
+        self.run_dir = Path(run_dir)
+        self.run_id = self.run_dir.resolve().name
+        self.clock: Clock = clock or time.time
+        self._lock = threading.Lock()
+        self._controls: list[tuple[FaultConfig, str | None]] = []
+        self._load_factor = config.load_factor
+        self._faults = FaultTable(config.faults, config.sensor_faults)
+        self._started = False
+        self._start_s = 0.0
+        self._sched = 0.0  # intended time of the last planned slot, epoch seconds
+        self._planned = 0
+        self._sent = 0
+        self._fault_counts = [0] * len(FAULT_NAMES)
+        self._bp_waits = 0
+        self._rate_samples: deque[tuple[float, int]] = deque(maxlen=64)
+        self._ledger: Ledger | None = None
+        self._fleet: Fleet | None = None
+        self._heap: list[tuple[Any, ...]] = []
+        self._order = itertools.count()
+        self._edges_key: tuple[str, ...] | None = None
+
+    # ---- live controls -------------------------------------------------------------------------------
+
+    def set_faults(self, faults: FaultConfig, sensor: str | None = None) -> None:
+        """Change fault rates while running: for one sensor, or for all (dropping per-sensor overrides)."""
+        if not isinstance(faults, FaultConfig):
+            raise SimulatorError(f"faults must be a FaultConfig, got {type(faults).__name__}")
+        with self._lock:
+            self._controls.append((faults, sensor))
+
+    def set_load_factor(self, factor: float) -> None:
+        """Change the load factor (multiplier of ``config.rate``) while running."""
+        if not isinstance(factor, int | float) or not math.isfinite(factor) or factor <= 0:
+            raise SimulatorError(f"load_factor must be a number > 0, got {factor!r}")
+        with self._lock:
+            self._load_factor = float(factor)
+
+    def stats(self) -> SimulatorStats:
+        """A consistent-enough snapshot of the run's counters (cheap; call it once a second)."""
+        with self._lock:
+            ledger, fleet = self._ledger, self._fleet
+            samples = list(self._rate_samples)
+            now = time.monotonic()
+            rate = 0.0
+            if len(samples) >= 2:
+                recent = [s for s in samples if now - s[0] <= 1.5] or samples[-2:]
+                first, last = (recent[0], samples[-1]) if len(recent) >= 2 else (samples[-2], samples[-1])
+                if last[0] > first[0]:
+                    rate = (last[1] - first[1]) / (last[0] - first[0])
+            in_flight = ledger.outstanding() if ledger else 0
+            failed = ledger.failed if ledger else 0
+            hist = ledger.lateness if ledger else None
+            return SimulatorStats(
+                elapsed_s=(self.clock() - self._start_s) if self._started else 0.0,
+                planned=self._planned,
+                sent=self._sent,
+                acked=max(0, self._sent - failed - in_flight),
+                failed=failed,
+                in_flight=in_flight,
+                faults={FAULT_NAMES[c]: self._fault_counts[c] for c in range(1, len(FAULT_NAMES))},
+                rate=rate,
+                lateness_p50_ms=hist.percentile(50) if hist else None,
+                lateness_p99_ms=hist.percentile(99) if hist else None,
+                lateness_max_ms=(hist.max if hist and hist.counts.any() else None),
+                sensors=len(fleet.active) if fleet else 0,
+                sessions=len(ledger.session_names) if ledger else 0,
+                load_factor=self._load_factor,
+                backpressure_waits=self._bp_waits,
+            )
+
+    # ---- the run -------------------------------------------------------------------------------------
+
+    def run(self, stop: threading.Event | None = None) -> RunSummary:
+        """Run until the duration or message count is reached or ``stop`` is set; block until flushed.
+
+        Raises
+        ------
+        SimulatorError
+            If the run directory already holds a ledger, the producer cannot be configured, or the broker
+            stops taking messages for ``stall_timeout_s``.
+        sotw.errors.BrokerError
+            If the broker does not answer within ``connect_timeout_s``.
+        """
+        if self._started:
+            raise SimulatorError("a Simulator runs once; create a new one for another run")
+        cfg = self.config
+        ledger_dir = self.run_dir / "ledger"
+        if ledger_dir.exists() and any(ledger_dir.iterdir()):
+            raise SimulatorError(f"run directory {self.run_dir} already has a ledger; choose a new --run-dir")
+        wait_for_kafka(self.kafka.bootstrap, cfg.connect_timeout_s, dict(self.kafka.settings))
+        producer = self._make_producer()
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        ledger = Ledger(ledger_dir, clock=self.clock)
+        truth = Truth(self.run_dir / "truth")
+        rng = np.random.default_rng(cfg.seed)
+        fleet = Fleet(cfg, rng, self.run_id, ledger)
+        for _ in range(cfg.sensors):
+            fleet.join(0)
+        ensure_topics(self.kafka, {s.topic: cfg.partitions for s in fleet.active})
+        # The schedule starts only now, so building the fleet and creating topics is not counted as lateness.
+        self._started = True
+        self._start_s = start_s = self.clock()
+        start_ms = int(start_s * 1000)
+        for sensor in fleet.active:
+            sensor.joined_ms = start_ms
+        with self._lock:
+            self._ledger, self._fleet = ledger, fleet
+        self._producer, self._rng, self._truth = producer, rng, truth
+        self._write_run_json(start_s, None, None, fleet)
+        log.info(
+            "simulating %d sensors at %s msg/s x%g into %s*, run %s",
+            cfg.sensors,
+            cfg.rate or "max",
+            self._load_factor,
+            cfg.topic_prefix,
+            self.run_id,
+        )
+        interrupted = False
+        unacked = 0
+        try:
+            try:
+                self._loop(stop)
+            except KeyboardInterrupt:
+                interrupted = True
+                log.warning("interrupted: flushing what was sent and writing the ledger")
+            if not interrupted:
+                # Closing ends are due when the schedule ends, so they are as reproducible as the rest.
+                self._close_all(int(math.floor(self._sched * 1000.0)))
+                self._release(math.inf, force=True)
+        finally:
+            try:
+                # Whatever was still held back was planned: record it as never sent.
+                for item in self._heap:
+                    _, _, sess, seq, kind, fault, intended, _ = item
+                    ledger.add_row(sess.code, seq, kind, fault, intended)
+                self._heap.clear()
+                try:
+                    unacked = self._flush(producer)
+                except KeyboardInterrupt:
+                    # Cut short again while flushing: give up on acknowledgements but still write the ledger.
+                    interrupted = True
+                    with contextlib.suppress(Exception):
+                        producer.purge()
+                        producer.poll(0.5)
+                    unacked = ledger.outstanding()
+                for sensor in fleet.active:
+                    if sensor.session is not None:
+                        self._record_session(sensor, sensor.session, "open", sensor.session.seq, None)
+                for s in fleet.all:
+                    truth.sensors.append(
+                        {
+                            "sensor": s.id,
+                            "topic": s.topic,
+                            "site": s.info.site,
+                            "model": s.info.model,
+                            "serial": s.info.serial,
+                            "joined_ms": s.joined_ms,
+                            "retired_ms": fleet.retired_ms.get(s.id),
+                        }
+                    )
+                ledger.close()
+                truth.close()
+            finally:
+                end_s = self.clock()
+                self._publish()
+                final = self.stats()
+                summary = RunSummary(
+                    run_id=self.run_id,
+                    run_dir=self.run_dir,
+                    started_ms=start_ms,
+                    ended_ms=int(end_s * 1000),
+                    stats=final,
+                    unacknowledged=unacked,
+                    ledger_rows=ledger.rows_written,
+                    topics=tuple(s.topic for s in fleet.all),
+                    interrupted=interrupted,
+                )
+                self._write_run_json(start_s, end_s, summary, fleet)
+                # Drop the client now, so its connections close with the run rather than at garbage collection.
+                del self._producer
+        return summary
+
+    def _make_producer(self) -> Producer:
+        tuned = {**DEFAULT_PRODUCER, **self.config.producer}
+        conf = self.kafka.client(**{k: v for k, v in tuned.items() if k not in self.kafka.settings})
+        conf["error_cb"] = self._on_error
+        try:
+            return Producer(conf)
+        except KafkaException as exc:
+            raise SimulatorError(f"bad producer setting: {exc.args[0].str()}") from None
+
+    @staticmethod
+    def _on_error(err: Any) -> None:
+        log.warning("kafka: %s", err.str())
+
+    def _apply_controls(self) -> float:
+        with self._lock:
+            controls, self._controls = self._controls, []
+            factor = self._load_factor
+        for faults, sensor in controls:
+            self._faults.set(faults, sensor)
+        if controls:
+            self._edges_key = None
+        return factor
+
+    def _publish(self) -> None:
+        with self._lock:
+            self._rate_samples.append((time.monotonic(), self._sent))
+
+    def _loop(self, stop: threading.Event | None) -> None:
+        cfg = self.config
+        rng, fleet, ledger = self._rng, self._fleet, self._ledger
+        assert fleet is not None and ledger is not None
+        producer = self._producer
+        produce, poll, mark = producer.produce, producer.poll, ledger.mark
+        clock = self.clock
+        sha256 = hashlib.sha256
+        encode_row = wire.encode_row
+        heap = self._heap
+        end_s = self._start_s + cfg.duration_s if cfg.duration_s is not None else math.inf
+        max_planned = cfg.max_messages if cfg.max_messages is not None else math.inf
+        sched = self._sched = self._start_s
+        last_seal = time.monotonic()
+        self._edges_key = None
+        edges: Any = None
+        while True:
+            factor = self._apply_controls()
+            if (stop is not None and stop.is_set()) or sched >= end_s or self._planned >= max_planned:
+                break
+            rate = cfg.rate * factor
+            throttled = rate > 0
+            if throttled:
+                n = int(min(MAX_BLOCK, max(1.0, rate * BLOCK_SPAN_S)))
+                ts = sched + np.arange(1, n + 1, dtype=np.float64) / rate
+                if ts[-1] > end_s:
+                    ts = ts[ts <= end_s]
+                    if ts.size == 0:
+                        break
+            else:
+                ts = np.full(MAX_BLOCK, max(clock(), sched))
+            if self._planned + ts.size > max_planned:
+                ts = ts[: max(0, int(max_planned - self._planned))]
+            n = int(ts.size)
+            if n == 0:
+                break
+            tsm = np.floor(ts * 1000.0).astype(np.int64).tolist()
+            # Churn happens at block boundaries, at the block's first intended time.
+            joins, leaving = fleet.churn(float(ts[-1] - sched))
+            for sensor in leaving:
+                if sensor.session is not None:
+                    self._end_session(sensor, tsm[0], bool(rng.random() < self._abandon_rate(sensor)))
+                    self._planned += 1
+                fleet.retire(sensor, tsm[0])
+            if joins:
+                new = [fleet.join(tsm[0]) for _ in range(joins)]
+                ensure_topics(self.kafka, {s.topic: cfg.partitions for s in new})
+                log.info("sensors joined: %s", ", ".join(s.id for s in new))
+            active = fleet.active
+            sidx = (
+                rng.choice(len(active), size=n, p=fleet.weights())
+                if len(active) > 1
+                else np.zeros(n, dtype=np.int64)
+            )
+            u = rng.random((4, n))
+            z = rng.standard_normal(n)
+            key = tuple(s.id for s in active)
+            if key != self._edges_key:
+                edges = self._faults.edges(list(key))
+                self._edges_key = key
+            band, abandon, dmean, dcap = edges
+            codes = decide(u[0], band[sidx]).tolist() if band[:, -1].any() else [NONE] * n
+            delays = np.minimum(-np.log1p(-u[3]) * dmean[sidx], dcap[sidx]).astype(np.int64).tolist()
+            abandon_l = abandon[sidx].tolist()
+            slots: list[Sensor] = [active[k] for k in sidx.tolist()]
+            uf, uop, urow, zl = u[0].tolist(), u[1].tolist(), u[2].tolist(), z.tolist()
+            last_t = float(ts[-1])
+            del ts, u, z, sidx
+
+            append, digests = ledger.appender(), ledger.digest_buffer()
+            # ``idx`` is the ledger row the next fast-path message gets; ``first`` where the current run of
+            # fast-path messages began (their count is added to ``_sent`` before any slow path).
+            idx = first = ledger.next_index
+            # ``now`` is the send time recorded in the ledger: read after each poll (every 64 messages) and
+            # whenever the schedule is ahead of it, so it lags the true time by at most 64 messages' work.
+            now = clock()
+            now_ms = now * 1000.0
+            for s, t_ms, fault, u_op, u_row, zz, j in zip(
+                slots,
+                tsm,
+                codes,
+                uop,
+                urow,
+                zl,
+                range(n),
+                strict=False,  # equal lengths by construction
+            ):
+                if throttled and t_ms > now_ms:
+                    now = clock()
+                    now_ms = now * 1000.0
+                    while t_ms > now_ms:  # ahead of schedule: wait, serving delivery reports meanwhile
+                        poll(min((t_ms - now_ms) / 1000.0, 0.05))
+                        now = clock()
+                        now_ms = now * 1000.0
+                        mark(now)
+                if heap and heap[0][0] <= t_ms:
+                    self._sent += idx - first
+                    self._release(t_ms)
+                    idx = first = ledger.next_index
+                # A sensor without a session has a past end, so one comparison covers both cases.
+                if t_ms >= s.session_end_ms:
+                    self._sent += idx - first
+                    if s.session is None:
+                        self._start_session(s, t_ms, fault, uf[j], delays[j])
+                    else:
+                        self._end_session(s, t_ms, uf[j] < abandon_l[j])
+                    idx = first = ledger.next_index
+                    continue
+                sess = s.session
+                op, row = s.update(u_op, u_row, zz)
+                seq = sess.seq + 1
+                sess.seq = seq
+                value = sess.templates[op] % (seq, t_ms, encode_row(row))
+                if fault:
+                    self._sent += idx - first
+                    self._fault(sess, seq, UPDATE, fault, t_ms, value, delays[j], uf[j])
+                    idx = first = ledger.next_index
+                    continue
+                try:
+                    produce(sess.topic, value, sess.key, sess.partition, sess.on_delivery)
+                except BufferError:
+                    self._backpressure(sess, value)
+                except KafkaException as exc:
+                    raise self._refused(sess, value, exc) from None
+                sess.push(idx)
+                sess.hi = seq
+                append((sess.code, seq, UPDATE, NONE, t_ms, now))
+                digests += sha256(value).digest()
+                idx += 1
+                if not idx & 63:
+                    poll(0)
+                    now = clock()
+                    now_ms = now * 1000.0
+                    mark(now)
+            self._sent += idx - first
+            self._planned += n
+            sched = last_t if throttled else max(sched, last_t)
+            self._sched = sched
+            poll(0)
+            mark(clock())
+            mono = time.monotonic()
+            if mono - last_seal >= SEAL_EVERY_S or len(ledger.rows) >= SEAL_ROWS:
+                last_seal = mono
+                ledger.seal()
+                ledger.write_ready()
+            self._publish()
+
+    # ---- off the hot path ----------------------------------------------------------------------------
+
+    def _abandon_rate(self, sensor: Sensor) -> float:
+        return self._faults.for_sensor(sensor.id).abandon
+
+    def _send(self, sess: Session, seq: int, kind: int, fault: int, intended_ms: int, value: bytes) -> None:
+        producer = self._producer
+        try:
+            producer.produce(sess.topic, value, sess.key, sess.partition, sess.on_delivery)
+        except BufferError:
+            self._backpressure(sess, value)
+        except KafkaException as exc:
+            raise self._refused(sess, value, exc) from None
+        ledger = self._ledger
+        assert ledger is not None
+        sess.fifo.append(ledger.next_index)
+        if fault in (NONE, MALFORMED) and seq > sess.hi:
+            sess.hi = seq
+        ledger.add_row(sess.code, seq, kind, fault, intended_ms, self.clock(), hashlib.sha256(value).digest())
+        self._sent += 1
+
+    def _refused(self, sess: Session, value: bytes, exc: KafkaException) -> SimulatorError:
+        """The client refused a message outright (too large, unknown topic...): say which and why."""
+        return SimulatorError(
+            f"the producer refused a {len(value):,}-byte message for {sess.topic}: {exc.args[0].str()} "
+            "(fewer --rows or columns, or a larger message.max.bytes via -P and on the broker)"
+        )
+
+    def _backpressure(self, sess: Session, value: bytes) -> None:
+        """The local queue is full: serve delivery reports until there is room; never drop the message."""
+        self._bp_waits += 1
+        producer = self._producer
+        deadline = time.monotonic() + self.config.stall_timeout_s
+        mark = self._ledger.mark if self._ledger is not None else None
+        while True:
+            producer.poll(0.01)
+            if mark is not None:
+                mark(self.clock())
+            try:
+                producer.produce(sess.topic, value, sess.key, sess.partition, sess.on_delivery)
+                return
+            except BufferError:
+                if time.monotonic() > deadline:
+                    raise SimulatorError(
+                        f"the broker at {self.kafka.bootstrap} took no messages for "
+                        f"{self.config.stall_timeout_s:g} s (producer queue full); is it still running?"
+                    ) from None
+
+    def _fault(
+        self, sess: Session, seq: int, kind: int, fault: int, t_ms: int, value: bytes, delay: int, u: float
+    ) -> None:
+        ledger = self._ledger
+        assert ledger is not None
+        self._fault_counts[fault] += 1
+        if fault == GAP:
+            ledger.add_row(sess.code, seq, kind, GAP, t_ms)
+        elif fault == MALFORMED:
+            variant = int(u * 1_000_003) % 3
+            self._send(sess, seq, kind, MALFORMED, t_ms, malform(value, KIND_NAMES[kind], seq, variant))
+        elif fault == DELAYED:
+            heapq.heappush(
+                self._heap, (t_ms + max(delay, 1), next(self._order), sess, seq, kind, DELAYED, t_ms, value)
+            )
+        elif fault == DUPLICATE:
+            self._send(sess, seq, kind, NONE, t_ms, value)
+            heapq.heappush(
+                self._heap, (t_ms + delay, next(self._order), sess, seq, kind, DUPLICATE, t_ms, value)
+            )
+
+    def _release(self, upto_ms: float, force: bool = False) -> None:
+        """Send held-back messages that are due; a delayed one also waits until a later seq went out."""
+        heap = self._heap
+        while heap and heap[0][0] <= upto_ms:
+            item = heapq.heappop(heap)
+            _, _, sess, seq, kind, fault, intended, value = item
+            if fault == DELAYED and not force and sess.hi <= seq and not sess.closed:
+                # Check again a little later on the schedule; the session's next message will pass it.
+                heapq.heappush(heap, (int(upto_ms) + 10, next(self._order), *item[2:]))
+                continue
+            self._send(sess, seq, kind, fault, intended, value)
+
+    def _start_session(self, sensor: Sensor, t_ms: int, fault: int, u: float, delay: int) -> None:
+        fleet = self._fleet
+        assert fleet is not None
+        sess = fleet.new_session(sensor, t_ms, first=sensor.sessions == 0)
+        sess.seq = 0
+        value = wire.encode_snapshot(sensor.id, sess.id, 0, t_ms, sensor.table.rows.values())
+        if fault:
+            self._fault(sess, 0, SNAPSHOT, fault, t_ms, value, delay, u)
+        else:
+            self._send(sess, 0, SNAPSHOT, NONE, t_ms, value)
+
+    def _end_session(self, sensor: Sensor, t_ms: int, abandoned: bool) -> None:
+        sess = sensor.session
+        assert sess is not None and self._ledger is not None
+        seq = sess.seq + 1
+        sess.seq = seq
+        if abandoned:
+            self._fault_counts[ABANDONED] += 1
+            self._ledger.add_row(sess.code, seq, END, ABANDONED, t_ms)
+        else:
+            value = wire.encode_end(sensor.id, sess.id, seq, t_ms, len(sensor.table), sensor.table.digest())
+            self._send(sess, seq, END, NONE, t_ms, value)
+        sess.closed = True
+        self._record_session(sensor, sess, "abandoned" if abandoned else "ended", seq, t_ms)
+        sensor.session = None
+        sensor.session_end_ms = 0.0  # due at once: its next slot opens a new session
+
+    def _record_session(
+        self, sensor: Sensor, sess: Session, status: str, last_seq: int, ended: int | None
+    ) -> None:
+        self._truth.session(
+            sensor=sensor.id,
+            topic=sensor.topic,
+            session=sess.id,
+            status=status,
+            table=sensor.table.canonical(),
+            digest=sensor.table.digest(),
+            last_seq=last_seq,
+            started_ms=sess.started_ms,
+            ended_ms=ended,
+        )
+
+    def _close_all(self, t_ms: int) -> None:
+        fleet = self._fleet
+        assert fleet is not None
+        if not self.config.close_on_stop:
+            return
+        for sensor in fleet.active:
+            if sensor.session is not None:
+                self._end_session(sensor, t_ms, abandoned=False)
+                self._planned += 1
+
+    def _flush(self, producer: Producer) -> int:
+        """Wait for outstanding acknowledgements; purge what is left so its reports say so."""
+        remaining = self._flush_marked(producer, self.config.flush_timeout_s)
+        if remaining:
+            log.warning(
+                "%d messages not acknowledged after %g s; purging them",
+                remaining,
+                self.config.flush_timeout_s,
+            )
+            with contextlib.suppress(Exception):
+                producer.purge()
+            self._flush_marked(producer, 2.0)
+        ledger = self._ledger
+        return remaining if ledger is None else max(remaining, ledger.outstanding())
+
+    def _flush_marked(self, producer: Producer, timeout_s: float) -> int:
+        """``producer.flush`` in short slices, dating the delivery reports of each slice for ``acked_ts``."""
+        deadline = time.monotonic() + timeout_s
+        ledger = self._ledger
+        while True:
+            remaining = int(producer.flush(max(0.0, min(0.02, deadline - time.monotonic()))))
+            if ledger is not None:
+                ledger.mark(self.clock())
+            if remaining == 0 or time.monotonic() >= deadline:
+                return remaining
+
+    def _write_run_json(
+        self, start_s: float, end_s: float | None, summary: RunSummary | None, fleet: Fleet
+    ) -> None:
+        doc: dict[str, Any] = {
+            "run_id": self.run_id,
+            "seed": self.config.seed,
+            "session_token": fleet.token,
+            "config": self.config.to_dict(),
+            "kafka": {"bootstrap": self.kafka.bootstrap, "settings": sorted(self.kafka.settings)},
+            "versions": _versions(),
+            "started_ms": int(start_s * 1000),
+            "started": _iso(start_s),
+            "ended_ms": None if end_s is None else int(end_s * 1000),
+            "ended": None if end_s is None else _iso(end_s),
+        }
+        if summary is not None:
+            doc["summary"] = {
+                "stats": summary.stats.to_dict(),
+                "unacknowledged": summary.unacknowledged,
+                "ledger_rows": summary.ledger_rows,
+                "topics": list(summary.topics),
+                "interrupted": summary.interrupted,
+            }
+        path = self.run_dir / "run.json"
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(doc, indent=2, default=str) + "\n", encoding="utf-8")
+        tmp.replace(path)

@@ -1,0 +1,50 @@
+"""A real run of the whole system: embedded broker, pipeline subprocess, simulator, verdict and report."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from loadtest.profile import load_profile
+from loadtest.results import Results
+from loadtest.runner import RunRequest, execute
+from sotw.kafka import KafkaConfig
+
+
+@pytest.fixture(scope="module")
+def smoke():
+    return load_profile("smoke")
+
+
+def test_a_short_run_passes_and_writes_its_report(smoke, kafka: KafkaConfig, tmp_path):
+    result = execute(RunRequest(smoke, 1.0, tmp_path / "run", kafka))
+
+    assert result.verdict.verdict == "PASS", result.verdict.reasons
+    assert result.correctness is not None and result.correctness.rows_lost == 0
+    assert result.correctness.rows_repeated == 0
+    assert result.summary["consumed_rate"] > 0.5 * smoke.simulator.rate
+    assert {p.name for p in result.phases} >= {"warmup", "steady", "drain"}
+    e2e = next(lat for lat in result.latency if lat.name == "end_to_end")
+    assert 0 < e2e.p50 <= e2e.p99 <= e2e.max
+    assert any(lat.name == "publish" for lat in result.latency)
+    saved = Results.from_json(tmp_path / "run" / "results.json")
+    assert saved.verdict.verdict == "PASS"
+    samples = [json.loads(line) for line in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
+    assert len(samples) >= smoke.run.steady_s and "lag_offsets" in samples[-1]
+
+
+def test_a_pipeline_that_skips_a_batch_fails_and_is_blamed(smoke, kafka: KafkaConfig, tmp_path):
+    from loadtest.report import write_report
+
+    quick = dataclasses.replace(smoke, run=dataclasses.replace(smoke.run, steady_s=6.0))
+    result = execute(RunRequest(quick, 1.0, tmp_path / "broken", kafka, pipeline_args=("--drop-batch", "2")))
+
+    assert result.verdict.verdict == "FAIL"
+    assert result.correctness is not None and result.correctness.rows_lost > 0
+    assert result.correctness.blame.get("pipeline", 0) > 0
+    assert not result.correctness.blame.get("broker") and not result.correctness.blame.get("producer")
+    paths = write_report([result], tmp_path / "broken")
+    html = paths.html.read_text()
+    assert "FAIL" in html and "pipeline" in html and "data:image/png;base64," in html

@@ -1,0 +1,101 @@
+"""Triage against the real broker: each discrepancy is blamed on the layer that lost the message."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from confluent_kafka import Producer
+
+from loadtest.expect import Policy, build_expectation, read_ledger, read_truth
+from loadtest.results import Discrepancy
+from loadtest.triage import KafkaReader, Triager
+from loadtest.verify import read_output, verify
+from sotw.kafka import KafkaConfig, ensure_topics
+from tests.loadtest.builders import Output, SessionSpec, ledger_rows, write_run
+
+
+def produce(kafka: KafkaConfig, topic: str, values: list[bytes], key: bytes) -> list[int]:
+    offsets: list[int] = []
+    producer = Producer(kafka.client(**{"acks": "all"}))
+    for value in values:
+        producer.produce(
+            topic,
+            value=value,
+            key=key,
+            partition=0,
+            on_delivery=lambda err, msg: offsets.append(msg.offset() if err is None else -1),
+        )
+    assert producer.flush(15) == 0
+    return offsets
+
+
+def test_each_lost_message_is_blamed_on_producer_broker_or_pipeline(
+    tmp_path: Path, kafka: KafkaConfig, unique_prefix: Callable[[], str]
+) -> None:
+    prefix = unique_prefix()
+    lost = SessionSpec(session="s1", sensor=f"{prefix}1")
+    unsent = SessionSpec(session="s2", sensor=f"{prefix}2")
+    ensure_topics(kafka, {lost.topic: 1, unsent.topic: 1})
+    # The broker kept seqs 0-3, 5 and 6 but lost seq 4: offset 4 now holds seq 5 and offset 6 nothing.
+    offsets = produce(kafka, lost.topic, [lost.value(s) for s in (0, 1, 2, 3, 5, 6)], b"s1")
+    assert offsets == [0, 1, 2, 3, 4, 5]
+    ledger = ledger_rows(lost, [(s, "none") for s in range(7)])
+    ledger += ledger_rows(
+        unsent, [(s, "none") for s in (0, 1, 2, 4, 5, 6)], unsent={3: "none"}, first_offset=100
+    )
+    run = tmp_path / "run"
+    write_run(run, ledger, [lost, unsent])
+    out = (
+        Output()
+        .apply(lost, 0, 1, 2, 5)
+        .session(lost, "ok", applied=[0, 1, 2, 5])
+        .apply(unsent, 0, 1, 2, 4, 5)
+        .session(unsent, "ok", applied=[0, 1, 2, 4, 5])
+    )
+    expectation = build_expectation(Policy("none"), read_ledger(run), read_truth(run))
+    with Triager(expectation.ledger, kafka) as triager:
+        result = verify(expectation, read_output(out.write(tmp_path / "out")), triager)
+
+    blamed = {(d.kind, d.session, d.seq): d.triage for d in result.discrepancies}
+    pipeline = blamed[("lost_row", "s1", 3)]
+    assert pipeline is not None and (pipeline.layer, pipeline.in_kafka) == ("pipeline", True)
+    broker = blamed[("lost_row", "s1", 4)]
+    assert broker is not None and (broker.layer, broker.delivered, broker.in_kafka) == ("broker", True, False)
+    assert "different value" in broker.detail
+    producer = blamed[("not_delivered", "s2", 3)]
+    assert producer is not None and (producer.layer, producer.sent) == ("producer", False)
+    assert result.blame["producer"] == 1 and result.blame["broker"] == 1
+
+
+def test_a_delivered_offset_past_the_end_of_the_partition_is_the_brokers_fault(
+    tmp_path: Path, kafka: KafkaConfig, unique_prefix: Callable[[], str]
+) -> None:
+    spec = SessionSpec(sensor=f"{unique_prefix()}1")
+    ensure_topics(kafka, {spec.topic: 1})
+    produce(kafka, spec.topic, [spec.value(0), spec.value(1)], b"s1")
+    ledger = ledger_rows(spec, [(0, "none"), (1, "none"), (2, "none")])
+    run = tmp_path / "run"
+    write_run(run, ledger, [spec])
+    with Triager(read_ledger(run), kafka) as triager:
+        missing = triager.triage(Discrepancy("lost_row", "s1", "x", seq=2))
+        present = triager.triage(Discrepancy("lost_row", "s1", "x", seq=1))
+    assert (missing.layer, missing.in_kafka) == ("broker", False)
+    assert "absent" in missing.detail
+    assert (present.layer, present.in_kafka) == ("pipeline", True)
+
+
+def test_reader_finds_every_record_of_the_last_batch(
+    kafka: KafkaConfig, unique_prefix: Callable[[], str]
+) -> None:
+    # Tansu reports the last batch's base + 1 as the high watermark; records past it must still be found.
+    topic = f"{unique_prefix()}batch"
+    ensure_topics(kafka, {topic: 1})
+    values = [f"v{i}".encode() for i in range(50)]
+    offsets = produce(kafka, topic, values, b"k")
+    reader = KafkaReader(kafka)
+    try:
+        assert [reader.read(topic, 0, o) for o in offsets] == values
+        assert reader.read(topic, 0, 50) is None
+    finally:
+        reader.close()

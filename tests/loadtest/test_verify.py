@@ -1,0 +1,446 @@
+"""The verifier against hand-built ledgers, truth and pipeline outputs, for each integrity policy."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from loadtest.expect import Policy, build_expectation, read_ledger, read_truth
+from loadtest.results import Correctness
+from loadtest.verify import end_to_end, read_output, verify
+from tests.loadtest.builders import T0, Output, SessionSpec, ledger_rows, write_run
+
+CLEAN = [(s, "none") for s in range(7)]
+
+
+def check(
+    tmp_path: Path,
+    policy: Policy,
+    ledger: list,
+    specs: list[SessionSpec],
+    out: Output,
+    stopped: bool | None = None,
+) -> Correctness:
+    run = tmp_path / "run"
+    write_run(run, ledger, specs)
+    exp = build_expectation(policy, read_ledger(run), read_truth(run))
+    return verify(exp, read_output(out.write(tmp_path / "out")), pipeline_stopped=stopped)
+
+
+def kinds(result: Correctness) -> set[str]:
+    return set(result.discrepancy_counts)
+
+
+def clean_output(spec: SessionSpec) -> Output:
+    return Output().apply(spec, *range(6)).session(spec, "ok")
+
+
+# ------------------------------------------------------------------------------------------------ strict
+
+
+def test_strict_clean_run_with_the_true_tables_passes(tmp_path: Path) -> None:
+    spec = SessionSpec()
+    result = check(tmp_path, Policy("strict"), ledger_rows(spec, CLEAN), [spec], clean_output(spec))
+    assert result.passed, result.discrepancies
+    assert result.exact_match_rate == 1.0
+    assert (result.rows_lost, result.rows_repeated) == (0, 0)
+
+
+def test_strict_lost_row_fails_as_lost(tmp_path: Path) -> None:
+    spec = SessionSpec()
+    out = Output().apply(spec, 0, 1, 2, 4, 5).session(spec, "ok")
+    result = check(tmp_path, Policy("strict"), ledger_rows(spec, CLEAN), [spec], out)
+    assert not result.passed
+    assert result.rows_lost == 1
+    lost = [d for d in result.discrepancies if d.kind == "lost_row"]
+    assert [d.seq for d in lost] == [3]
+    assert "changes_table_mismatch" in kinds(result)
+
+
+def test_strict_repeated_row_fails_as_repeated(tmp_path: Path) -> None:
+    spec = SessionSpec()
+    out = clean_output(spec).apply(spec, 2)
+    result = check(tmp_path, Policy("strict"), ledger_rows(spec, CLEAN), [spec], out)
+    assert kinds(result) == {"repeated_row"}
+    assert result.rows_repeated == 1
+
+
+def test_strict_wrong_status_fails(tmp_path: Path) -> None:
+    spec = SessionSpec()
+    out = Output().apply(spec, *range(6)).session(spec, "degraded")
+    result = check(tmp_path, Policy("strict"), ledger_rows(spec, CLEAN), [spec], out)
+    assert kinds(result) == {"wrong_status"}
+
+
+def test_strict_gap_that_stopped_the_query_passes(tmp_path: Path) -> None:
+    spec = SessionSpec()
+    ledger = ledger_rows(
+        spec,
+        [(0, "none"), (1, "none"), (2, "none"), (4, "none"), (5, "none"), (6, "none")],
+        unsent={3: "gap"},
+    )
+    out = Output().apply(spec, 0, 1, 2)  # the batch before the gap; then the query stopped
+    result = check(tmp_path, Policy("strict"), ledger, [spec], out, stopped=True)
+    assert result.passed, result.discrepancies
+    assert result.must_stop
+
+
+def test_strict_missed_gap_fails_for_applying_past_it_and_not_stopping(tmp_path: Path) -> None:
+    spec = SessionSpec()
+    ledger = ledger_rows(
+        spec,
+        [(0, "none"), (1, "none"), (2, "none"), (4, "none"), (5, "none"), (6, "none")],
+        unsent={3: "gap"},
+    )
+    out = Output().apply(spec, 0, 1, 2, 4, 5).session(spec, "ok", applied=[0, 1, 2, 4, 5])
+    result = check(tmp_path, Policy("strict"), ledger, [spec], out, stopped=False)
+    assert {"wrong_status", "unexpected_row", "did_not_stop"} <= kinds(result)
+    assert result.rows_unexpected == 2
+
+
+# ------------------------------------------------------------------------------------------------ ordered
+
+GAP3 = [(0, "none"), (1, "none"), (2, "none"), (4, "none"), (5, "none"), (6, "none")]
+
+
+def ordered_gap_output(spec: SessionSpec) -> Output:
+    return (
+        Output()
+        .apply(spec, 0, 1, 2, 4, 5)
+        .session(spec, "degraded", applied=[0, 1, 2, 4, 5], degraded_from=3)
+        .violation(spec, "gap", got=4, missing=(3, 3))
+    )
+
+
+def test_ordered_gap_reported_and_degraded_passes_with_its_damage_window(tmp_path: Path) -> None:
+    spec = SessionSpec()
+    result = check(
+        tmp_path,
+        Policy("ordered"),
+        ledger_rows(spec, GAP3, unsent={3: "gap"}),
+        [spec],
+        ordered_gap_output(spec),
+    )
+    assert result.passed, result.discrepancies
+    assert [(d.degraded_from, d.updates_affected) for d in result.damage] == [(3, 3)]
+    gap = next(f for f in result.faults if f.kind == "gap")
+    assert (gap.precision, gap.recall, gap.injected) == (1.0, 1.0, 1)
+    assert result.sessions_exact_required == 0
+
+
+def test_ordered_missed_gap_fails_with_recall_below_one(tmp_path: Path) -> None:
+    spec = SessionSpec()
+    out = ordered_gap_output(spec)
+    out.integrity.clear()
+    result = check(tmp_path, Policy("ordered"), ledger_rows(spec, GAP3, unsent={3: "gap"}), [spec], out)
+    assert kinds(result) == {"missed_violation"}
+    assert next(f for f in result.faults if f.kind == "gap").recall == 0.0
+
+
+def test_ordered_gap_called_ok_fails_as_wrong_status(tmp_path: Path) -> None:
+    spec = SessionSpec()
+    out = ordered_gap_output(spec)
+    out.sessions[0]["status"] = "ok"
+    result = check(tmp_path, Policy("ordered"), ledger_rows(spec, GAP3, unsent={3: "gap"}), [spec], out)
+    assert kinds(result) == {"wrong_status"}
+
+
+def test_ordered_lost_and_repeated_rows_fail(tmp_path: Path) -> None:
+    spec = SessionSpec()
+    out = ordered_gap_output(spec)
+    out.changes = [c for c in out.changes if c["seq"] != 4]
+    out.apply(spec, 2)
+    result = check(tmp_path, Policy("ordered"), ledger_rows(spec, GAP3, unsent={3: "gap"}), [spec], out)
+    assert kinds(result) == {"lost_row", "repeated_row"}
+    assert (result.rows_lost, result.rows_repeated) == (1, 1)
+
+
+def test_ordered_drops_a_duplicate_and_a_late_message_and_reports_both(tmp_path: Path) -> None:
+    spec = SessionSpec()
+    arrivals = [
+        (0, "none"),
+        (1, "none"),
+        (3, "none"),
+        (2, "delayed"),
+        (4, "none"),
+        (1, "duplicate"),
+        (5, "none"),
+        (6, "none"),
+    ]
+    out = (
+        Output()
+        .apply(spec, 0, 1, 3, 4, 5)
+        .session(spec, "degraded", applied=[0, 1, 3, 4, 5], degraded_from=2)
+        .violation(spec, "gap", got=3, missing=(2, 2))
+        .violation(spec, "reorder", got=2)
+        .violation(spec, "duplicate", got=1)
+    )
+    result = check(tmp_path, Policy("ordered"), ledger_rows(spec, arrivals), [spec], out)
+    assert result.passed, result.discrepancies
+    scores = {f.kind: (f.fault, f.recall) for f in result.faults}
+    assert scores == {"gap": ("gap", 1.0), "reorder": ("delayed", 1.0), "duplicate": ("duplicate", 1.0)}
+
+
+# ------------------------------------------------------------------------------------------------ once
+
+ONCE_ARRIVALS = [
+    (0, "none"),
+    (1, "none"),
+    (3, "none"),
+    (4, "none"),
+    (2, "delayed"),
+    (1, "duplicate"),
+    (5, "none"),
+    (6, "none"),
+]
+
+
+def once_output(spec: SessionSpec) -> Output:
+    return Output().apply(spec, 0, 1, 3, 4, 2, 5).session(spec, "ok").violation(spec, "duplicate", got=1)
+
+
+def test_once_out_of_order_with_a_duplicate_rebuilds_the_true_table_and_passes(tmp_path: Path) -> None:
+    spec = SessionSpec()
+    result = check(tmp_path, Policy("once"), ledger_rows(spec, ONCE_ARRIVALS), [spec], once_output(spec))
+    assert result.passed, result.discrepancies
+    assert result.exact_match_rate == 1.0
+
+
+def test_once_applying_the_duplicate_fails_as_repeated(tmp_path: Path) -> None:
+    spec = SessionSpec()
+    out = once_output(spec).apply(spec, 1)
+    result = check(tmp_path, Policy("once"), ledger_rows(spec, ONCE_ARRIVALS), [spec], out)
+    assert kinds(result) == {"repeated_row"}
+
+
+def test_once_missing_duplicate_report_and_lost_row_fail(tmp_path: Path) -> None:
+    spec = SessionSpec()
+    out = once_output(spec)
+    out.integrity.clear()
+    out.changes = [c for c in out.changes if c["seq"] != 5]
+    result = check(tmp_path, Policy("once"), ledger_rows(spec, ONCE_ARRIVALS), [spec], out)
+    assert {"missed_violation", "lost_row", "changes_table_mismatch"} <= kinds(result)
+
+
+def test_once_session_with_a_missing_seq_must_fail_and_report_the_gap(tmp_path: Path) -> None:
+    spec = SessionSpec()
+    ledger = ledger_rows(spec, GAP3, unsent={3: "gap"})
+    good = (
+        Output()
+        .apply(spec, 0, 1, 2, 4, 5)
+        .session(spec, "failed", applied=[0, 1, 2, 4, 5])
+        .violation(spec, "gap", missing=(3, 3))
+    )
+    assert check(tmp_path / "a", Policy("once"), ledger, [spec], good).passed
+    wrong = Output().apply(spec, 0, 1, 2, 4, 5).session(spec, "ok", applied=[0, 1, 2, 4, 5])
+    result = check(tmp_path / "b", Policy("once"), ledger, [spec], wrong)
+    assert kinds(result) == {"wrong_status", "missed_violation"}
+
+
+# ------------------------------------------------------------------------------------------------ window
+
+WINDOW_ARRIVALS = [(0, "none"), (1, "none"), (3, "none"), (2, "delayed"), (5, "none"), (6, "none")]
+
+
+def window_output(spec: SessionSpec) -> Output:
+    return (
+        Output()
+        .apply(spec, 0, 1, 2, 3, 5)
+        .session(spec, "degraded", applied=[0, 1, 2, 3, 5], degraded_from=4)
+        .violation(spec, "gap", got=5, missing=(4, 4))
+    )
+
+
+def test_window_reorders_within_the_window_and_reports_the_real_gap(tmp_path: Path) -> None:
+    spec = SessionSpec()
+    ledger = ledger_rows(spec, WINDOW_ARRIVALS, unsent={4: "gap"})
+    result = check(tmp_path, Policy("window", window_messages=2), ledger, [spec], window_output(spec))
+    assert result.passed, result.discrepancies
+
+
+def test_window_missed_gap_wrong_status_and_lost_row_fail(tmp_path: Path) -> None:
+    spec = SessionSpec()
+    ledger = ledger_rows(spec, WINDOW_ARRIVALS, unsent={4: "gap"})
+    out = window_output(spec)
+    out.integrity.clear()
+    out.sessions[0]["status"] = "ok"
+    out.changes = [c for c in out.changes if c["seq"] != 2]
+    result = check(tmp_path, Policy("window", window_messages=2), ledger, [spec], out)
+    assert kinds(result) == {"missed_violation", "wrong_status", "lost_row"}
+
+
+def test_window_of_zero_treats_a_late_message_as_a_gap_like_ordered(tmp_path: Path) -> None:
+    spec = SessionSpec()
+    ledger = ledger_rows(spec, WINDOW_ARRIVALS, unsent={4: "gap"})
+    result = check(tmp_path, Policy("window", window_messages=0), ledger, [spec], window_output(spec))
+    assert "missed_violation" in kinds(result)  # seq 2 came after its hole expired: gap + reorder
+    assert "lost_row" not in kinds(result) and "unexpected_row" in kinds(result)
+
+
+# ------------------------------------------------------------------------------------------------ none
+
+NONE_ARRIVALS = [
+    (0, "none"),
+    (1, "none"),
+    (2, "none"),
+    (3, "none"),
+    (2, "duplicate"),
+    (4, "none"),
+    (5, "none"),
+    (6, "none"),
+]
+
+
+def none_output(spec: SessionSpec) -> Output:
+    return Output().apply(spec, 0, 1, 2, 3, 2, 4, 5).session(spec, "ok")
+
+
+def test_none_applies_a_duplicate_again_and_passes(tmp_path: Path) -> None:
+    spec = SessionSpec()
+    result = check(tmp_path, Policy("none"), ledger_rows(spec, NONE_ARRIVALS), [spec], none_output(spec))
+    assert result.passed, result.discrepancies
+
+
+def test_none_lost_and_repeated_rows_fail(tmp_path: Path) -> None:
+    spec = SessionSpec()
+    out = none_output(spec).apply(spec, 1)
+    out.changes = [c for c in out.changes if c["seq"] != 3]
+    result = check(tmp_path, Policy("none"), ledger_rows(spec, NONE_ARRIVALS), [spec], out)
+    assert kinds(result) == {"lost_row", "repeated_row"}
+
+
+def test_none_requires_no_gap_report_but_a_clean_session_must_be_ok(tmp_path: Path) -> None:
+    spec = SessionSpec()
+    gap = Output().apply(spec, 0, 1, 2, 4, 5).session(spec, "ok", applied=[0, 1, 2, 4, 5])
+    assert check(
+        tmp_path / "a", Policy("none"), ledger_rows(spec, GAP3, unsent={3: "gap"}), [spec], gap
+    ).passed
+    wrong = Output().apply(spec, *range(6)).session(spec, "timed_out", closed_by="timeout")
+    result = check(tmp_path / "b", Policy("none"), ledger_rows(spec, CLEAN), [spec], wrong)
+    assert kinds(result) == {"wrong_status", "wrong_closed_by"}
+
+
+# ------------------------------------------------------------------------------------------------ common
+
+
+@pytest.mark.parametrize("policy", ["strict", "ordered", "once", "none"])
+def test_abandoned_session_must_time_out(tmp_path: Path, policy: str) -> None:
+    spec = SessionSpec()
+    ledger = ledger_rows(spec, [(s, "none") for s in range(6)], unsent={6: "abandoned"})
+    out = (
+        Output()
+        .apply(spec, *range(6))
+        .session(spec, "timed_out", closed_by="timeout")
+        .violation(spec, "timeout")
+    )
+    result = check(tmp_path / "ok", Policy(policy), ledger, [spec], out)
+    assert result.passed, result.discrepancies
+    if policy != "none":
+        missing = Output().apply(spec, *range(6))
+        assert kinds(check(tmp_path / "bad", Policy(policy), ledger, [spec], missing)) == {
+            "missing_session",
+            "missed_violation",
+        }
+
+
+def test_malformed_message_must_be_quarantined_and_its_seq_is_a_gap(tmp_path: Path) -> None:
+    spec = SessionSpec()
+    arrivals = [
+        (0, "none"),
+        (1, "none"),
+        (2, "malformed"),
+        (3, "none"),
+        (4, "none"),
+        (5, "none"),
+        (6, "none"),
+    ]
+    ledger = ledger_rows(spec, arrivals)
+    good = (
+        Output()
+        .apply(spec, 0, 1, 3, 4, 5)
+        .session(spec, "degraded", applied=[0, 1, 3, 4, 5], degraded_from=2)
+        .violation(spec, "gap", got=3, missing=(2, 2))
+        .dead_letter(spec, offset=2)
+    )
+    result = check(tmp_path / "a", Policy("ordered"), ledger, [spec], good)
+    assert result.passed, result.discrepancies
+    assert (result.malformed_sent, result.malformed_quarantined) == (1, 1)
+    good.dead_letters.clear()
+    result = check(tmp_path / "b", Policy("ordered"), ledger, [spec], good)
+    assert kinds(result) == {"malformed_not_quarantined"}
+    assert next(f for f in result.faults if f.kind == "malformed").recall == 0.0
+
+
+def test_uncommitted_batches_are_not_visible_output(tmp_path: Path) -> None:
+    spec = SessionSpec()
+    out = clean_output(spec).apply(spec, 3, batch=7)  # batch 7 wrote files but never committed
+    result = check(tmp_path, Policy("ordered"), ledger_rows(spec, CLEAN), [spec], out)
+    assert result.passed, result.discrepancies
+
+
+def test_two_sessions_only_the_broken_one_is_blamed_and_exact_rate_counts_both(tmp_path: Path) -> None:
+    a, b = SessionSpec(), SessionSpec(session="s2", sensor="0002")
+    ledger = ledger_rows(a, CLEAN) + ledger_rows(b, CLEAN)
+    out = clean_output(a).apply(b, *range(6)).session(b, "ok", applied=[0, 1, 2, 3, 4])
+    result = check(tmp_path, Policy("ordered"), ledger, [a, b], out)
+    assert kinds(result) == {"table_mismatch"}
+    assert result.exact_match_rate == 0.5
+    assert {d.session for d in result.discrepancies} == {"s2"}
+    assert all(d.triage is not None and d.triage.layer == "pipeline" for d in result.discrepancies)
+
+
+def test_end_to_end_latency_joins_each_change_to_its_batch_commit(tmp_path: Path) -> None:
+    spec = SessionSpec()
+    out = Output(batches={0: T0 + 1000, 1: T0 + 2000}).apply(spec, 0, 1, 2).apply(spec, 3, 4, 5, batch=1)
+    run = tmp_path / "run"
+    write_run(run, ledger_rows(spec, CLEAN), [spec])
+    lat = end_to_end(read_ledger(run), read_output(out.write(tmp_path / "out"))).sort_values("seq")
+    assert list(lat["latency_ms"]) == [1000.0, 900.0, 800.0, 1700.0, 1600.0, 1500.0]
+    assert not math.isnan(lat["latency_ms"].max())
+
+
+def test_window_in_milliseconds_uses_event_time_of_the_messages(tmp_path: Path) -> None:
+    spec = SessionSpec()  # message seq s has event time T0 + 100 * s
+    ledger = ledger_rows(
+        spec,
+        [(0, "none"), (1, "none"), (3, "none"), (5, "none"), (2, "delayed"), (6, "none")],
+        unsent={4: "gap"},
+    )
+    in_time = (
+        Output()
+        .apply(spec, 0, 1, 2, 3, 5)
+        .session(spec, "degraded", applied=[0, 1, 2, 3, 5], degraded_from=4)
+        .violation(spec, "gap", got=5, missing=(4, 4))
+    )
+    # 250 ms: when seq 5 (ts 500) comes, seq 3 (ts 300) has waited 200 ms: seq 2 is still in time.
+    assert check(tmp_path / "a", Policy("window", window_ms=250), ledger, [spec], in_time).passed
+    # 150 ms: seq 5 makes the hole at 2 expire, so seq 2 is late: a gap, a reorder, and not applied.
+    late = check(tmp_path / "b", Policy("window", window_ms=150), ledger, [spec], in_time)
+    assert kinds(late) == {"missed_violation", "unexpected_row", "wrong_degraded_from"}
+
+
+def test_once_accepts_either_reading_for_a_message_that_comes_after_end(tmp_path: Path) -> None:
+    spec = SessionSpec()
+    arrivals = [(0, "none"), (1, "none"), (2, "none"), (4, "none"), (5, "none"), (6, "none"), (3, "delayed")]
+    ledger = ledger_rows(spec, arrivals)
+    waited = Output().apply(spec, 0, 1, 2, 4, 5, 3).session(spec, "ok").violation(spec, "reorder", got=3)
+    assert check(tmp_path / "a", Policy("once"), ledger, [spec], waited).passed
+    closed = (
+        Output()
+        .apply(spec, 0, 1, 2, 4, 5)
+        .session(spec, "failed", applied=[0, 1, 2, 4, 5])
+        .violation(spec, "gap", missing=(3, 3))
+        .violation(spec, "late_after_close", got=3)
+    )
+    assert check(tmp_path / "b", Policy("once"), ledger, [spec], closed).passed
+    wrong = Output().apply(spec, 0, 1, 2, 4, 5).session(spec, "ok", applied=[0, 1, 2, 4, 5])
+    assert "wrong_status" in kinds(check(tmp_path / "c", Policy("once"), ledger, [spec], wrong))
+
+
+def test_a_session_without_end_may_be_absent_when_the_timeout_has_not_passed(tmp_path: Path) -> None:
+    spec = SessionSpec()
+    ledger = ledger_rows(spec, [(s, "none") for s in range(6)], unsent={6: "abandoned"})
+    out = Output().apply(spec, *range(6))
+    assert check(tmp_path, Policy("ordered", timeouts_expire=False), ledger, [spec], out).passed

@@ -1,0 +1,179 @@
+"""The whole pipeline on a real broker and a real SparkSession, checked against the simulator's truth."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline import query
+from pipeline.config import PipelineConfig
+from pipeline.errors import IntegrityStopped
+from pipeline.inspect import read_dataset, render, summarize_output
+from pipeline.policies import PolicyConfig
+from simulator import FaultConfig
+
+
+def pipeline_config(
+    kafka, prefix: str, where: Path, policy: str = "ordered", **policy_args
+) -> PipelineConfig:
+    return PipelineConfig(
+        kafka=kafka,
+        output=where / "output",
+        checkpoint=where / "checkpoint",
+        pattern=re.escape(prefix) + ".*",
+        policy=PolicyConfig(policy, **policy_args),
+        trigger_ms=None,  # availableNow: drain what is there, then stop
+        discovery_interval_ms=0,
+    )
+
+
+def truth_sessions(run_dir: Path) -> dict[str, dict]:
+    return {r["session"]: r for r in pq.read_table(run_dir / "truth" / "sessions.parquet").to_pylist()}
+
+
+def ledger(run_dir: Path) -> list[dict]:
+    return pq.read_table(run_dir / "ledger").to_pylist()
+
+
+def sessions_out(output: Path) -> dict[str, dict]:
+    table = read_dataset(output, "sessions")
+    return {} if table is None else {r["session"]: r for r in table.to_pylist()}
+
+
+def rows_of(output: Path, name: str) -> list[dict]:
+    table = read_dataset(output, name)
+    return [] if table is None else table.to_pylist()
+
+
+def canon(rows: list[dict]) -> list[tuple]:
+    """Rows without the columns that depend on how the stream was cut into batches."""
+    drop = {"batch_id", "processed_ms", "date"}
+    return sorted(tuple(sorted((k, v) for k, v in r.items() if k not in drop)) for r in rows)
+
+
+def test_a_fault_free_run_is_rebuilt_exactly(spark, kafka, simulate, tmp_path):
+    summary, config = simulate(sensors=3, rows=30, duration_s=1.5, session_interval_s=0.5, partitions=2)
+    cfg = pipeline_config(kafka, config.topic_prefix, tmp_path)
+    query.run(spark, cfg)
+
+    truth = {s: t for s, t in truth_sessions(summary.run_dir).items() if t["status"] == "ended"}
+    out = sessions_out(cfg.output)
+    assert len(truth) >= 6
+    assert set(out) == set(truth)
+    for session, t in truth.items():
+        assert out[session]["status"] == "ok", out[session]
+        assert (out[session]["digest"], out[session]["row_count"]) == (t["digest"], t["rows"])
+    assert rows_of(cfg.output, "integrity") == []
+    assert rows_of(cfg.output, "dead_letters") == []
+    # Every update and snapshot row of the ledger is one change row, none repeated.
+    changes = rows_of(cfg.output, "changes")
+    keys = [(c["session"], c["seq"], c["row_id"]) for c in changes]
+    assert len(keys) == len(set(keys))
+    updates = sum(1 for r in ledger(summary.run_dir) if r["kind"] == "update")
+    assert sum(1 for c in changes if c["op"] != "snapshot") == updates
+    text = render(summarize_output(cfg.output), cfg.output)
+    assert f"ok                 {len(truth):>8,}" in text
+
+
+def test_strict_stops_at_the_first_gap_naming_session_and_offsets(spark, kafka, simulate, tmp_path):
+    summary, config = simulate(sensors=2, rows=20, duration_s=1.0, partitions=1, faults=FaultConfig(gap=0.02))
+    gaps = [r for r in ledger(summary.run_dir) if r["fault"] == "gap"]
+    assert gaps
+    cfg = pipeline_config(kafka, config.topic_prefix, tmp_path, "strict")
+    with pytest.raises(IntegrityStopped) as stopped:
+        query.run(spark, cfg)
+    message = str(stopped.value)
+    gap_sessions = {r["session"] for r in gaps}
+    named = re.search(r"session '([^']+)'", message)
+    assert named and named.group(1) in gap_sessions, message
+    assert re.search(r"topic '.+' partition \d+ offset \d+: expected seq \d+, got seq \d+", message), message
+    # Nothing of the failed batch became visible output.
+    assert sessions_out(cfg.output) == {} or all(
+        s["status"] == "ok" for s in sessions_out(cfg.output).values()
+    )
+
+
+def test_ordered_marks_sessions_degraded_from_the_first_gap_and_quarantines_malformed(
+    spark, kafka, simulate, tmp_path
+):
+    faults = FaultConfig(gap=0.01, duplicate=0.01, malformed=0.01)
+    summary, config = simulate(sensors=3, rows=20, duration_s=1.5, partitions=1, faults=faults, seed=11)
+    cfg = pipeline_config(kafka, config.topic_prefix, tmp_path, "ordered")
+    query.run(spark, cfg)
+
+    led = ledger(summary.run_dir)
+    lost = {}  # session -> first seq that never arrived intact (a gap, or a malformed stand-in)
+    for r in led:
+        if r["fault"] in ("gap", "malformed") and r["kind"] != "end":
+            lost[r["session"]] = min(lost.get(r["session"], r["seq"]), r["seq"])
+    out = sessions_out(cfg.output)
+    truth = truth_sessions(summary.run_dir)
+    assert lost
+    for session, first in lost.items():
+        if session in out and truth[session]["last_seq"] > first:
+            assert out[session]["status"] == "degraded"
+            assert out[session]["degraded_from_seq"] == first
+    for session, rec in out.items():
+        if session not in lost and truth[session]["status"] == "ended":
+            assert rec["status"] == "ok" and rec["digest"] == truth[session]["digest"]
+    malformed = [r for r in led if r["fault"] == "malformed"]
+    dead = rows_of(cfg.output, "dead_letters")
+    assert sorted((d["topic"], d["partition"], d["offset"]) for d in dead) == sorted(
+        (r["topic"], r["partition"], r["offset"]) for r in malformed
+    )
+    dups = sum(1 for r in led if r["fault"] == "duplicate")
+    assert sum(s["duplicates"] for s in out.values()) >= min(1, dups)
+
+
+@pytest.mark.parametrize(("policy", "args"), [("once", {}), ("window", {"window_messages": 1000})])
+def test_reordered_messages_still_rebuild_the_true_table(spark, kafka, simulate, tmp_path, policy, args):
+    faults = FaultConfig(delayed=0.05, delay_ms=20, delay_max_ms=100)
+    summary, config = simulate(sensors=2, rows=20, duration_s=1.5, partitions=1, faults=faults, seed=5)
+    assert any(r["fault"] == "delayed" for r in ledger(summary.run_dir))
+    cfg = pipeline_config(kafka, config.topic_prefix, tmp_path, policy, **args)
+    query.run(spark, cfg)
+    truth = {s: t for s, t in truth_sessions(summary.run_dir).items() if t["status"] == "ended"}
+    out = sessions_out(cfg.output)
+    assert set(truth) <= set(out)
+    for session, t in truth.items():
+        assert (out[session]["status"], out[session]["digest"]) == ("ok", t["digest"]), out[session]
+
+
+def test_a_killed_pipeline_restarts_without_losing_or_repeating_output(spark, kafka, simulate, tmp_path):
+    summary, config = simulate(sensors=4, rows=40, duration_s=4.0, rate=3000.0, partitions=2, seed=21)
+    pattern = re.escape(config.topic_prefix) + ".*"
+    # Reference: one uninterrupted run.
+    reference = pipeline_config(kafka, config.topic_prefix, tmp_path / "reference")
+    query.run(spark, reference)
+
+    where = tmp_path / "killed"
+    argv = [
+        sys.executable, "-m", "pipeline", "--bootstrap", kafka.bootstrap, "--pattern", pattern,
+        "--output", str(where / "output"), "--checkpoint", str(where / "checkpoint"),
+        "--max-offsets-per-trigger", "1500", "--trigger", "200ms", "-q",
+    ]  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    commits = where / "output" / "_commits"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and len(list(commits.glob("*.json"))) < 3 and proc.poll() is None:
+        time.sleep(0.05)
+    assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
+    family = psutil.Process(proc.pid).children(recursive=True)  # the JVM and its Python workers
+    proc.kill()
+    for child in family:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            child.kill()
+    proc.wait()
+    done = subprocess.run([*argv[:-5], "--trigger", "availableNow", "-q"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+    for name in ("changes", "sessions", "integrity", "dead_letters"):
+        assert canon(rows_of(where / "output", name)) == canon(rows_of(reference.output, name)), name

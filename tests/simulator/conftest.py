@@ -1,0 +1,69 @@
+"""Helpers for the simulator tests: run a small simulation and read its topics back independently."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+from confluent_kafka import TopicPartition
+
+from sotw.kafka import EndOffsets, KafkaConfig
+
+FIXED_START = 1_790_000_000.0
+
+
+def fixed_clock() -> Callable[[], float]:
+    """A clock that reads a fixed epoch at its first call, then runs at real speed.
+
+    The simulator reads it first when the schedule starts, so the schedule (and every ``ts``) is reproducible.
+    """
+    origin: list[float] = []
+
+    def clock() -> float:
+        if not origin:
+            origin.append(time.monotonic())
+        return FIXED_START + (time.monotonic() - origin[0])
+
+    return clock
+
+
+def read_topics(kafka: KafkaConfig, topics: list[str], partitions: int) -> list[dict[str, Any]]:
+    """Every record on the topics, read with an assign()-only consumer up to the true end offsets."""
+    tps = [(t, p) for t in topics for p in range(partitions)]
+    ends = EndOffsets(kafka.consumer())(tps)
+    want = {tp: end for tp, (low, end) in ends.items() if end > low}
+    consumer = kafka.consumer()
+    consumer.assign([TopicPartition(t, p, ends[(t, p)][0]) for (t, p) in want])
+    out: list[dict[str, Any]] = []
+    pending = dict(want)
+    deadline = time.monotonic() + 30
+    try:
+        while pending and time.monotonic() < deadline:
+            for msg in consumer.consume(num_messages=10_000, timeout=0.5):
+                if msg.error():
+                    continue
+                tp = (msg.topic(), msg.partition())
+                out.append(
+                    {
+                        "topic": msg.topic(),
+                        "partition": msg.partition(),
+                        "offset": msg.offset(),
+                        "key": msg.key(),
+                        "value": msg.value(),
+                        "sha": hashlib.sha256(msg.value()).hexdigest(),
+                    }
+                )
+                if tp in pending and msg.offset() + 1 >= pending[tp]:
+                    del pending[tp]
+    finally:
+        consumer.close()
+    assert not pending, f"could not read to the end of {sorted(pending)}"
+    return out
+
+
+def read_ledger(run_dir: Path) -> list[dict[str, Any]]:
+    return pq.read_table(run_dir / "ledger").to_pylist()
