@@ -158,7 +158,8 @@ def _run(
     sim_config = profile.simulator.replace(
         topic_prefix=prefix,
         load_factor=request.load_factor,
-        duration_s=settings.warmup_s + settings.steady_s,
+        # The harness ends the load itself: the warm-up lasts until the pipeline has finished a batch.
+        duration_s=None,
         max_messages=None,
     )
     out_root = run_dir / "pipeline"
@@ -227,11 +228,19 @@ def _run(
         )
         producer.start()
         applied: set[int] = set()
+        steady_start = 0.0
         while producer.is_alive():
             elapsed = time.monotonic() - load_start
-            if clock.current == "warmup" and elapsed >= settings.warmup_s:
+            if (
+                clock.current == "warmup"
+                and elapsed >= settings.warmup_s
+                and _pipeline_warm(sampler, elapsed, settings)
+            ):
                 clock.enter("steady")
+                steady_start = time.monotonic()
                 progress(f"steady: measuring for {settings.steady_s:g} s")
+            if clock.current == "steady" and time.monotonic() - steady_start >= settings.steady_s:
+                sim_stop.set()
             _apply_schedule(profile, simulator, elapsed, applied)
             if stop.is_set():
                 interrupted = True
@@ -292,6 +301,13 @@ def _kafka_flags(kafka: KafkaConfig) -> list[str]:
 def _extra_int(args: Sequence[str], flag: str) -> int | None:
     args = list(args)
     return int(args[args.index(flag) + 1]) if flag in args else None
+
+
+def _pipeline_warm(sampler: Sampler, elapsed: float, settings: Any) -> bool:
+    """True once the pipeline has consumed data (its first batches compile and start Python workers)."""
+    if elapsed >= settings.warmup_s + settings.pipeline_start_timeout_s:
+        return True  # measure anyway; the lag will tell
+    return bool(sampler.rows) and sampler.rows[-1].get("consumed", 0) > 0
 
 
 def _apply_schedule(profile: Profile, simulator: Simulator, elapsed: float, applied: set[int]) -> None:

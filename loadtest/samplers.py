@@ -88,6 +88,12 @@ class KafkaLagProbe:
             self._listed = time.monotonic()
         return self._partitions
 
+    def close(self) -> None:
+        """Close the probe's Kafka consumers."""
+        for consumer in (self._peek, self._admin_consumer):
+            consumer.close()
+        self._ends.close()
+
     def sample(self) -> dict[str, Any]:
         """Lag totals now."""
         parts = self._topic_partitions()
@@ -257,7 +263,7 @@ class Sampler(threading.Thread):
         self._path = path
         self._interval = interval
         self._phase = phase
-        self._stop = threading.Event()
+        self._halt = threading.Event()
         self.rows: list[dict[str, Any]] = []
         self.cpu_seconds = 0.0
         self._t0 = time.time()
@@ -267,7 +273,7 @@ class Sampler(threading.Thread):
         self._path.parent.mkdir(parents=True, exist_ok=True)
         with self._path.open("a") as out:
             next_at = time.monotonic()
-            while not self._stop.is_set():
+            while not self._halt.is_set():
                 cpu0 = time.thread_time()
                 row: dict[str, Any] = {
                     "t": round(time.time() - self._t0, 3),
@@ -285,10 +291,14 @@ class Sampler(threading.Thread):
                 out.write(json.dumps(row) + "\n")
                 out.flush()
                 next_at += self._interval
-                self._stop.wait(max(0.0, next_at - time.monotonic()))
+                self._halt.wait(max(0.0, next_at - time.monotonic()))
 
     def stop(self) -> None:
         """Stop after the current sample."""
-        self._stop.set()
+        self._halt.set()
         if self.is_alive():
             self.join(10)
+        for probe in self._probes.values():
+            close = getattr(probe, "close", None)
+            if close is not None:
+                close()

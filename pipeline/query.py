@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -79,6 +80,18 @@ def explain_failure(exc: BaseException) -> PipelineError:
     return PipelineError(f"the streaming query failed: {first.strip()[:500]}")
 
 
+def _stop_between_batches(query: Any, patience_s: float = 30.0) -> None:
+    """Stop when no trigger is running, so a clean stop does not interrupt a batch half-way.
+
+    An interrupted batch would be replayed after restart anyway (its output is idempotent); waiting for it
+    keeps the stop quiet and the restart cheap. After ``patience_s`` the batch is interrupted.
+    """
+    deadline = time.monotonic() + patience_s
+    while query.isActive and query.status.get("isTriggerActive") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    query.stop()
+
+
 @dataclass
 class RunResult:
     """How a pipeline run ended."""
@@ -116,7 +129,7 @@ def run(
                 break
             if stop.is_set():
                 stopped_by = "signal"
-                query.stop()
+                _stop_between_batches(query)
                 break
         exc = query.exception()
         if exc is not None:

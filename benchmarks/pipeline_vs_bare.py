@@ -1,0 +1,331 @@
+"""Pipeline drain rate versus a bare confluent-kafka consumer, on the same backlog on one broker in one run.
+
+Usage::
+
+    .venv/bin/python benchmarks/pipeline_vs_bare.py [--messages 600000] [--repeats 2] [--bootstrap HOST:PORT]
+                                                   [--json runs/bench-pipeline-vs-bare.json]
+
+The backlog is written once by the real simulator (``rate=0``, faults off, 24 sensors x 200-row tables, one
+partition per topic by default). Then, alternately (so a neighbour's load hits both alike):
+
+* **bare**: one assign-only confluent-kafka consumer over every topic that ``orjson``-decodes every value;
+  the ceiling for a Python consumer. Timed from ``assign`` to the last message.
+* **pipeline**: ``pipeline.query.run`` with ``trigger(availableNow=True)`` on a ``local[2]`` SparkSession from
+  ``pipeline.spark.build_session`` (built once, before the first run, and not timed), with the stateful
+  reconstruction and the exactly-once Parquet sink, into a fresh output directory. The rate is messages / wall
+  time of ``run``; the rate without the first micro-batch (Spark's per-query start-up: planning, the Python
+  workers' start, the first state store) comes from ``progress.jsonl`` and is printed beside it.
+
+Peak memory is the resident memory of the whole process tree (this driver process, the JVM and the Python
+workers), sampled every 100 ms by a thread while each side runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import orjson
+import psutil
+from confluent_kafka import KafkaError, TopicPartition
+
+from pipeline.config import PipelineConfig
+from pipeline.query import run
+from pipeline.spark import SparkConfig, build_session
+from simulator import Simulator, SimulatorConfig
+from sotw.broker import EmbeddedBroker
+from sotw.kafka import EndOffsets, KafkaConfig
+
+
+class PeakRss:
+    """Samples the resident memory of this process and all its descendants until stopped; keeps the peak."""
+
+    def __init__(self, interval_s: float = 0.1) -> None:
+        self.interval_s = interval_s
+        self.peak = 0
+        self.peak_parts: dict[str, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _sample(self) -> None:
+        me = psutil.Process()
+        parts = {"driver_python": me.memory_info().rss, "jvm": 0, "python_workers": 0, "broker": 0}
+        for child in me.children(recursive=True):
+            try:
+                name = " ".join(child.cmdline()[:3])
+                rss = child.memory_info().rss
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+            kind = "jvm" if "java" in name else "broker" if "tansu" in name else "python_workers"
+            parts[kind] += rss
+        total = parts["driver_python"] + parts["jvm"] + parts["python_workers"]
+        if total > self.peak:
+            self.peak, self.peak_parts = total, parts
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._sample()
+            self._stop.wait(self.interval_s)
+
+    def __enter__(self) -> PeakRss:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+
+
+def fill_backlog(kafka: KafkaConfig, prefix: str, args: argparse.Namespace) -> dict[tuple[str, int], int]:
+    """Publish the backlog with the simulator, faults off; return the end offset of every partition."""
+    run_dir = Path(tempfile.mkdtemp(prefix="sotw-bench-sim-"))
+    cfg = SimulatorConfig(
+        sensors=args.sensors,
+        rows=args.rows,
+        partitions=args.partitions,
+        topic_prefix=prefix,
+        rate=0,
+        duration_s=None,
+        max_messages=args.messages,
+        session_interval_s=args.session_s,
+        seed=1,
+    )
+    t0 = time.perf_counter()
+    summary = Simulator(cfg, kafka, run_dir / "run").run()
+    shutil.rmtree(run_dir, ignore_errors=True)
+    topics = [f"{prefix}{k:04d}" for k in range(args.sensors)]
+    tps = [(t, p) for t in topics for p in range(args.partitions)]
+    consumer = kafka.consumer()
+    try:
+        ends = {tp: end for tp, (_, end) in EndOffsets(consumer)(tps).items()}
+    finally:
+        consumer.close()
+    print(
+        f"backlog: {sum(ends.values()):,} messages ({summary.stats.sent:,} sent) in {len(tps)} partitions, "
+        f"written in {time.perf_counter() - t0:.1f} s",
+        flush=True,
+    )
+    return ends
+
+
+def bare(kafka: KafkaConfig, ends: dict[tuple[str, int], int]) -> dict[str, Any]:
+    """Read the whole backlog with one assign-only consumer, decoding every value; rate and CPU."""
+    consumer = kafka.consumer(
+        **{"fetch.wait.max.ms": "100", "queued.min.messages": "200000", "fetch.message.max.bytes": "4194304"}
+    )
+    total = sum(ends.values())
+    loads = orjson.loads
+    n = 0
+    with PeakRss() as mem:
+        t0 = time.perf_counter()
+        c0 = time.process_time()
+        consumer.assign([TopicPartition(t, p, 0) for (t, p) in ends])
+        while n < total:
+            for msg in consumer.consume(10_000, 1.0):
+                if msg.error():
+                    if msg.error().code() == KafkaError._PARTITION_EOF:
+                        continue
+                    raise SystemExit(f"bare consumer: {msg.error()}")
+                loads(msg.value())
+                n += 1
+        elapsed = time.perf_counter() - t0
+        cpu = time.process_time() - c0
+    consumer.close()
+    return {
+        "messages": n,
+        "rate": n / elapsed,
+        "elapsed_s": elapsed,
+        "cpu_us_per_msg": cpu / n * 1e6,
+        "peak_rss_bytes": mem.peak,
+    }
+
+
+def tree_cpu() -> dict[int, float]:
+    """CPU seconds (user + system) of this process and its descendants except the broker, by pid."""
+    out: dict[int, float] = {}
+    for p in [psutil.Process(), *psutil.Process().children(recursive=True)]:
+        try:
+            if "tansu" in " ".join(p.cmdline()[:3]):
+                continue
+            t = p.cpu_times()
+            out[p.pid] = t.user + t.system
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return out
+
+
+def pipeline(
+    spark: Any, kafka: KafkaConfig, prefix: str, total: int, args: argparse.Namespace
+) -> dict[str, Any]:
+    """Drain the backlog with the pipeline (availableNow) into a fresh output; rates, batches and memory."""
+    work = Path(tempfile.mkdtemp(prefix="sotw-bench-pipe-"))
+    config = PipelineConfig(
+        kafka=kafka,
+        output=work / "out",
+        checkpoint=work / "checkpoint",
+        pattern=f"{prefix}.*",
+        trigger_ms=None,
+        max_offsets_per_trigger=args.max_offsets,
+        spark=SparkConfig(),
+    )
+    cpu0 = tree_cpu()
+    with PeakRss() as mem:
+        t0 = time.perf_counter()
+        run(spark, config)
+        elapsed = time.perf_counter() - t0
+    cpu = sum(t - cpu0.get(pid, 0.0) for pid, t in tree_cpu().items())
+    # Spark delivers progress events to the listener asynchronously: wait for the last batch's line.
+    progress_file = config.output / "progress.jsonl"
+    deadline = time.monotonic() + 30
+    while True:
+        lines = progress_file.read_text().splitlines() if progress_file.exists() else []
+        progress = [json.loads(line) for line in lines]
+        batches = [
+            {
+                "batch": p["batchId"],
+                "rows": p["numInputRows"],
+                "ms": p["durationMs"].get("triggerExecution", 0),
+            }
+            for p in progress
+            if p.get("numInputRows")
+        ]
+        if sum(b["rows"] for b in batches) >= total or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    rows = sum(b["rows"] for b in batches)
+    later = batches[1:]
+    later_rate = sum(b["rows"] for b in later) / (sum(b["ms"] for b in later) / 1000) if later else None
+    changes = sum(
+        json.loads(p.read_text())["rows"]["changes"] for p in (config.output / "_commits").glob("*.json")
+    )
+    shutil.rmtree(work, ignore_errors=True)
+    if rows != total:
+        raise SystemExit(f"pipeline read {rows} messages, the backlog has {total}")
+    return {
+        "messages": rows,
+        "rate": rows / elapsed,
+        "elapsed_s": elapsed,
+        "batches": batches,
+        "rate_after_first_batch": later_rate,
+        "first_batch_ms": batches[0]["ms"] if batches else None,
+        "changes_written": changes,
+        "peak_rss_bytes": mem.peak,
+        "peak_rss_parts": mem.peak_parts,
+        "cpu_s": cpu,
+        "cpu_us_per_msg": cpu / rows * 1e6,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark and print the table."""
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--bootstrap", help="use this Kafka cluster instead of starting the embedded broker")
+    parser.add_argument("--messages", type=int, default=600_000, help="backlog size (default 600000)")
+    parser.add_argument("--repeats", type=int, default=2, help="runs of each side (default 2)")
+    parser.add_argument("--sensors", type=int, default=24)
+    parser.add_argument("--partitions", type=int, default=1, help="partitions per topic (default 1)")
+    parser.add_argument("--rows", type=int, default=200)
+    parser.add_argument("--session-s", type=float, default=3600.0, help="simulator session length")
+    parser.add_argument("--max-offsets", type=int, default=None, help="maxOffsetsPerTrigger (default none)")
+    parser.add_argument("--json", type=Path, default=Path("runs/bench-pipeline-vs-bare.json"))
+    args = parser.parse_args(argv)
+
+    def go(kafka: KafkaConfig) -> dict[str, Any]:
+        prefix = f"bench{uuid.uuid4().hex[:6]}-sensor-"
+        ends = fill_backlog(kafka, prefix, args)
+        total = sum(ends.values())
+        t0 = time.perf_counter()
+        spark = build_session(SparkConfig())
+        print(f"SparkSession started in {time.perf_counter() - t0:.1f} s (not timed)", flush=True)
+        results: dict[str, Any] = {"bare": [], "pipeline": [], "messages": total}
+        for r in range(args.repeats):
+            b = bare(kafka, ends)
+            results["bare"].append(b)
+            print(
+                f"  run {r + 1}: bare     {b['rate']:10,.0f} msg/s  {b['cpu_us_per_msg']:5.2f} CPU us/msg  "
+                f"peak {b['peak_rss_bytes'] / 2**20:,.0f} MiB",
+                flush=True,
+            )
+            p = pipeline(spark, kafka, prefix, total, args)
+            results["pipeline"].append(p)
+            after = p["rate_after_first_batch"]
+            print(
+                f"  run {r + 1}: pipeline {p['rate']:10,.0f} msg/s  ({len(p['batches'])} batches, "
+                f"{after or 0:,.0f} msg/s after the first batch of {p['first_batch_ms']} ms)  "
+                f"{p['cpu_us_per_msg']:5.1f} CPU us/msg  "
+                f"peak {p['peak_rss_bytes'] / 2**20:,.0f} MiB",
+                flush=True,
+            )
+        spark.stop()
+        return results
+
+    load_before = os.getloadavg()
+    if args.bootstrap:
+        broker_note = args.bootstrap
+        results = go(KafkaConfig(args.bootstrap))
+    else:
+        with EmbeddedBroker() as broker:
+            broker_note = f"embedded Tansu at {broker.bootstrap}"
+            results = go(KafkaConfig(broker.bootstrap))
+    load = os.getloadavg()
+
+    best_bare = max(b["rate"] for b in results["bare"])
+    best_pipe = max(p["rate"] for p in results["pipeline"])
+    afters = [p["rate_after_first_batch"] for p in results["pipeline"] if p["rate_after_first_batch"]]
+    best_after = max(afters) if afters else None
+    peak = max(p["peak_rss_bytes"] for p in results["pipeline"])
+    ratio = best_pipe / best_bare
+    print()
+    print(f"{'':34}{'best msg/s':>14}{'median msg/s':>14}")
+    print(f"{'bare consumer + orjson decode':34}{best_bare:14,.0f}"
+          f"{statistics.median(b['rate'] for b in results['bare']):14,.0f}")  # fmt: skip
+    print(f"{'pipeline (wall time of run)':34}{best_pipe:14,.0f}"
+          f"{statistics.median(p['rate'] for p in results['pipeline']):14,.0f}")  # fmt: skip
+    if best_after:
+        print(f"{'pipeline after the first batch':34}{best_after:14,.0f}{statistics.median(afters):14,.0f}")
+    print(f"{'ratio pipeline / bare':34}{ratio:14.2f}")
+    print(f"{'peak RSS of the process tree':34}{peak / 2**20:11,.0f} MiB (driver + JVM + Python workers)")
+    print(
+        f"{results['messages']:,} messages, {args.sensors} topics x {args.partitions} partitions, "
+        f"broker: {broker_note}, load average {load_before[0]:.1f} before, {load[0]:.1f} after"
+    )
+    doc = {
+        **results,
+        "sensors": args.sensors,
+        "partitions": args.partitions,
+        "rows": args.rows,
+        "broker": broker_note,
+        "best_bare": best_bare,
+        "best_pipeline": best_pipe,
+        "best_pipeline_after_first_batch": best_after,
+        "ratio": ratio,
+        "peak_rss_bytes": peak,
+        "targets": {"pipeline_msgs_per_s": 80_000, "ratio": 0.5},
+        "loadavg_before": load_before,
+        "loadavg_after": load,
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(doc, indent=2) + "\n")
+    print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

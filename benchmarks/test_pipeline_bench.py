@@ -1,0 +1,72 @@
+"""Micro benchmarks of the pipeline's hot path: the pure session processor and its output conversion.
+
+Run with ``.venv/bin/pytest benchmarks/test_pipeline_bench.py --benchmark-only``. One session of a 200-row
+table (a snapshot) and 5,000 upserts, as the simulator writes them, goes through ``SessionProcessor.apply``
+(decode, sequence checks, table update, canonical row JSON); the second benchmark adds what
+``pipeline.reconstruct`` does around it in a Python worker: the records' conversion to the pandas DataFrame
+handed back to Spark, and that DataFrame's conversion to Arrow with the output schema.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from pipeline.policies import PolicyConfig
+from pipeline.records import output_arrow_schema
+from pipeline.state import Envelope, SessionProcessor
+from sotw.wire import encode_snapshot, encode_update
+
+SENSOR = "0007"
+SESSION = "0007-0123456789ab-00001"
+TOPIC = "sotw-sensor-0007"
+ROWS = 200
+UPSERTS = 5_000
+
+
+def session_envelopes() -> list[Envelope]:
+    """A snapshot of 200 rows and 5,000 upserts of random rows with the simulator's row shape."""
+    rng = np.random.default_rng(0)
+    table = {
+        i: {"id": i, "name": f"row-{i}", "temp": round(20 + rng.random() * 10, 3), "ok": True, "count": i}
+        for i in range(ROWS)
+    }
+    values = [encode_snapshot(SENSOR, SESSION, 0, 1_795_000_000_000, list(table.values()))]
+    for seq in range(1, UPSERTS + 1):
+        row = dict(table[int(rng.integers(ROWS))])
+        row["temp"] = round(row["temp"] + float(rng.standard_normal()) * 0.1, 3)
+        row["count"] += 1
+        table[row["id"]] = row
+        values.append(encode_update(SENSOR, SESSION, seq, 1_795_000_000_000 + seq, "upsert", row))
+    key = SESSION.encode()
+    return [Envelope(TOPIC, 0, 1_000 + i, key, v, 1_795_000_000_000 + i) for i, v in enumerate(values)]
+
+
+@pytest.fixture(scope="module")
+def envelopes() -> list[Envelope]:
+    return session_envelopes()
+
+
+@pytest.mark.parametrize("policy", ["ordered", "once"])
+def test_session_processor_applies_a_200_row_session_with_5000_upserts(
+    benchmark: pytest.FixtureRequest, envelopes: list[Envelope], policy: str
+) -> None:
+    processor = SessionProcessor(PolicyConfig(policy))
+    state, out = benchmark(processor.apply, None, envelopes, 10_000)
+    assert state is not None and len(state.table) == ROWS
+    assert len(out.changes) == ROWS + UPSERTS
+
+
+def test_processor_plus_conversion_to_pandas_and_arrow(
+    benchmark: pytest.FixtureRequest, envelopes: list[Envelope]
+) -> None:
+    processor = SessionProcessor(PolicyConfig("ordered"))
+    schema = output_arrow_schema()
+
+    def step() -> pa.RecordBatch:
+        _, out = processor.apply(None, envelopes, 10_000)
+        return pa.RecordBatch.from_pandas(out.to_pandas(), schema=schema, preserve_index=False)
+
+    batch = benchmark(step)
+    assert batch.num_rows == ROWS + UPSERTS
