@@ -152,17 +152,42 @@ def bare(kafka: KafkaConfig, ends: dict[tuple[str, int], int]) -> dict[str, Any]
     }
 
 
-def tree_cpu() -> dict[int, float]:
-    """CPU seconds (user + system) of this process and its descendants except the broker, by pid."""
-    out: dict[int, float] = {}
+def _kind(cmdline: list[str]) -> str:
+    text = " ".join(cmdline[:6])
+    if "tansu" in text:
+        return "broker"
+    if "java" in text:
+        return "jvm"
+    if "streaming_source_runner" in text or "data_source" in text:
+        return "python_source_planner"
+    if "pyspark" in text:
+        return "python_workers"
+    return "driver_python"
+
+
+def tree_cpu() -> dict[int, tuple[str, float]]:
+    """CPU seconds (user + system) of this process and each descendant, with its kind, by pid."""
+    out: dict[int, tuple[str, float]] = {}
     for p in [psutil.Process(), *psutil.Process().children(recursive=True)]:
         try:
-            if "tansu" in " ".join(p.cmdline()[:3]):
-                continue
             t = p.cpu_times()
-            out[p.pid] = t.user + t.system
+            out[p.pid] = (_kind(p.cmdline()), t.user + t.system)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
+    return out
+
+
+def cpu_by_kind(
+    before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]]
+) -> dict[str, float]:
+    """CPU seconds spent between two ``tree_cpu`` samples, per kind of process (broker left out).
+
+    A Python worker that exited in between is missed; Spark reuses its workers, so few do.
+    """
+    out: dict[str, float] = {}
+    for pid, (kind, cpu) in after.items():
+        if kind != "broker":
+            out[kind] = out.get(kind, 0.0) + cpu - before.get(pid, (kind, 0.0))[1]
     return out
 
 
@@ -185,7 +210,8 @@ def pipeline(
         t0 = time.perf_counter()
         run(spark, config)
         elapsed = time.perf_counter() - t0
-    cpu = sum(t - cpu0.get(pid, 0.0) for pid, t in tree_cpu().items())
+    by_kind = cpu_by_kind(cpu0, tree_cpu())
+    cpu = sum(by_kind.values())
     # Spark delivers progress events to the listener asynchronously: wait for the last batch's line.
     progress_file = config.output / "progress.jsonl"
     deadline = time.monotonic() + 30
@@ -224,6 +250,7 @@ def pipeline(
         "peak_rss_bytes": mem.peak,
         "peak_rss_parts": mem.peak_parts,
         "cpu_s": cpu,
+        "cpu_s_by_process": by_kind,
         "cpu_us_per_msg": cpu / rows * 1e6,
     }
 
@@ -241,6 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=200)
     parser.add_argument("--session-s", type=float, default=3600.0, help="simulator session length")
     parser.add_argument("--max-offsets", type=int, default=None, help="maxOffsetsPerTrigger (default none)")
+    parser.add_argument("--event-log", type=Path, help="write Spark's event log here (stage and task times)")
     parser.add_argument("--json", type=Path, default=Path("runs/bench-pipeline-vs-bare.json"))
     args = parser.parse_args(argv)
 
@@ -249,7 +277,15 @@ def main(argv: list[str] | None = None) -> int:
         ends = fill_backlog(kafka, prefix, args)
         total = sum(ends.values())
         t0 = time.perf_counter()
-        spark = build_session(SparkConfig())
+        extra = {}
+        if args.event_log:
+            args.event_log.mkdir(parents=True, exist_ok=True)
+            extra = {
+                "spark.eventLog.enabled": "true",
+                "spark.eventLog.compress": "false",
+                "spark.eventLog.dir": args.event_log.resolve().as_uri(),
+            }
+        spark = build_session(SparkConfig(extra=extra))
         print(f"SparkSession started in {time.perf_counter() - t0:.1f} s (not timed)", flush=True)
         results: dict[str, Any] = {"bare": [], "pipeline": [], "messages": total}
         for r in range(args.repeats):
@@ -263,10 +299,13 @@ def main(argv: list[str] | None = None) -> int:
             p = pipeline(spark, kafka, prefix, total, args)
             results["pipeline"].append(p)
             after = p["rate_after_first_batch"]
+            per_kind = ", ".join(
+                f"{k} {v / p['messages'] * 1e6:.0f}" for k, v in p["cpu_s_by_process"].items()
+            )
             print(
                 f"  run {r + 1}: pipeline {p['rate']:10,.0f} msg/s  ({len(p['batches'])} batches, "
                 f"{after or 0:,.0f} msg/s after the first batch of {p['first_batch_ms']} ms)  "
-                f"{p['cpu_us_per_msg']:5.1f} CPU us/msg  "
+                f"{p['cpu_us_per_msg']:5.1f} CPU us/msg ({per_kind})  "
                 f"peak {p['peak_rss_bytes'] / 2**20:,.0f} MiB",
                 flush=True,
             )

@@ -4,7 +4,8 @@ Run with ``.venv/bin/pytest benchmarks/test_pipeline_bench.py --benchmark-only``
 table (a snapshot) and 5,000 upserts, as the simulator writes them, goes through ``SessionProcessor.apply``
 (decode, sequence checks, table update, canonical row JSON); the second benchmark adds what
 ``pipeline.reconstruct`` does around it in a Python worker: the records' conversion to the pandas DataFrame
-handed back to Spark, and that DataFrame's conversion to Arrow with the output schema.
+handed back to Spark, and that DataFrame's conversion to Arrow by the same PySpark function the
+``applyInPandasWithState`` worker calls (the records as one struct column).
 """
 
 from __future__ import annotations
@@ -12,9 +13,11 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 import pytest
+from pyspark.sql.conversion import PandasToArrowConversion
+from pyspark.sql.types import StructField, StructType
 
 from pipeline.policies import PolicyConfig
-from pipeline.records import output_arrow_schema
+from pipeline.records import output_schema
 from pipeline.state import Envelope, SessionProcessor
 from sotw.wire import encode_snapshot, encode_update
 
@@ -62,11 +65,18 @@ def test_processor_plus_conversion_to_pandas_and_arrow(
     benchmark: pytest.FixtureRequest, envelopes: list[Envelope]
 ) -> None:
     processor = SessionProcessor(PolicyConfig("ordered"))
-    schema = output_arrow_schema()
+    schema = StructType([StructField("_1", output_schema())])
 
     def step() -> pa.RecordBatch:
         _, out = processor.apply(None, envelopes, 10_000)
-        return pa.RecordBatch.from_pandas(out.to_pandas(), schema=schema, preserve_index=False)
+        return PandasToArrowConversion.convert(
+            [out.to_pandas()],
+            schema,
+            timezone="UTC",
+            safecheck=False,
+            arrow_cast=True,
+            assign_cols_by_name=True,
+        )
 
     batch = benchmark(step)
     assert batch.num_rows == ROWS + UPSERTS

@@ -2,6 +2,6 @@
 
 import sys
 
-from loadtest.cli import main
+from sotw.cli import main
 
-raise SystemExit(main(sys.argv[1:]))
+raise SystemExit(main(sys.argv[1:] or ["run"]))

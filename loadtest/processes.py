@@ -52,6 +52,7 @@ class PipelineProcessConfig:
         return [
             sys.executable,
             "-m",
+            "sotw",
             "pipeline",
             "--bootstrap",
             self.bootstrap,
@@ -105,11 +106,13 @@ class PipelineProcess:
         return None if self.proc is None else self.proc.poll()
 
     def tail(self, lines: int = 5) -> str:
-        """The last lines of its log, for error messages."""
+        """The pipeline's own error line if it printed one, else the last lines of its log."""
         try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+            text = self.log_path.read_text(errors="replace").splitlines()
         except OSError:
             return ""
+        errors = [line for line in text if line.startswith("sotw pipeline") and "error" in line]
+        return errors[-1] if errors else "\n".join(text[-lines:])
 
     def wait_ready(self, timeout: float) -> None:
         """Wait until the query has started (the output directory is claimed or a batch ran)."""

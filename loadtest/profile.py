@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from loadtest.errors import HarnessError
-from simulator.config import FaultConfig, SimulatorConfig
+from simulator.config import FaultConfig, SimulatorConfig, known_settings
 from sotw.errors import SotwError
 
 _FACTOR = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*x?\s*$", re.IGNORECASE)
@@ -134,22 +134,14 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def _known(cls: type, data: Mapping[str, Any], where: str) -> dict[str, Any]:
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - names)
-    if unknown:
-        raise HarnessError(f"unknown setting {where}.{unknown[0]} (known: {', '.join(sorted(names))})")
-    return dict(data)
-
-
 def profile_from_mapping(name: str, data: Mapping[str, Any], where: str = "scenario") -> Profile:
     """Build a ``Profile`` from one ``[profiles.NAME]`` table."""
     prefix = f"{where}: profiles.{name}"
     try:
         sim = SimulatorConfig.from_mapping(dict(data.get("simulator", {})), where=f"{prefix}.simulator")
-        pipe = dict(_known(PipelineSettings, data.get("pipeline", {}), f"{prefix}.pipeline"))
+        pipe = dict(known_settings(PipelineSettings, data.get("pipeline", {}), f"{prefix}.pipeline"))
         pipe["extra_args"] = tuple(pipe.get("extra_args", ()))
-        run = RunSettings(**_known(RunSettings, data.get("run", {}), f"{prefix}.run"))
+        run = RunSettings(**known_settings(RunSettings, data.get("run", {}), f"{prefix}.run"))
         schedule = tuple(
             FaultWindow(
                 float(w["start_s"]),

@@ -250,6 +250,7 @@ def _run(
                     f"the pipeline exited with code {pipe.returncode()} during the load: {pipe.tail(2)}"
                 )
                 progress(pipeline_failed)
+                sim_stop.set()  # nothing left to measure; the verdict says why
             producer.join(0.25)
         if sim_error:
             raise HarnessError(f"the simulator failed: {sim_error[0]}") from sim_error[0]

@@ -1,7 +1,7 @@
-"""``python -m pipeline`` is ``sotw pipeline``."""
+"""``python -m pipeline`` is ``sotw pipeline`` (same error handling and exit codes)."""
 
 import sys
 
-from pipeline.cli import main
+from sotw.cli import main
 
-raise SystemExit(main(sys.argv[1:]))
+raise SystemExit(main(["pipeline", *sys.argv[1:]]))

@@ -140,6 +140,10 @@ def main(argv: Sequence[str]) -> int:
         parser.error(str(exc))
     from pipeline import query
     from pipeline.spark import build_session
+    from sotw.broker import wait_for_kafka
+
+    # Fail in seconds with a clear message rather than after Spark start-up with a source time-out.
+    wait_for_kafka(config.kafka.bootstrap, timeout=15.0, settings=dict(config.kafka.settings))
 
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -109,10 +109,11 @@ class FaultConfig:
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any], where: str = "faults") -> FaultConfig:
         """Build from a TOML table or dict, naming any unknown key."""
-        return cls(**_known(cls, data, where))
+        return cls(**known_settings(cls, data, where))
 
 
-def _known(cls: type, data: Mapping[str, Any], where: str) -> dict[str, Any]:
+def known_settings(cls: type, data: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """``data`` as keyword arguments for dataclass ``cls``; an unknown key is named with ``where``."""
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - names)
     if unknown:
@@ -268,7 +269,7 @@ class SimulatorConfig:
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any], where: str = "scenario") -> SimulatorConfig:
         """Build from a TOML document or dict: ``[faults]``, ``[sensor_faults.<id>]`` and ``[producer]`` tables."""
-        values = _known(cls, data, where)
+        values = known_settings(cls, data, where)
         if "faults" in values:
             values["faults"] = FaultConfig.from_mapping(_table(values["faults"], f"{where}.faults"))
         if "sensor_faults" in values:

@@ -156,7 +156,7 @@ def test_a_killed_pipeline_restarts_without_losing_or_repeating_output(spark, ka
 
     where = tmp_path / "killed"
     argv = [
-        sys.executable, "-m", "pipeline", "--bootstrap", kafka.bootstrap, "--pattern", pattern,
+        sys.executable, "-m", "sotw", "pipeline", "--bootstrap", kafka.bootstrap, "--pattern", pattern,
         "--output", str(where / "output"), "--checkpoint", str(where / "checkpoint"),
         "--max-offsets-per-trigger", "1500", "--trigger", "200ms", "-q",
     ]  # fmt: skip

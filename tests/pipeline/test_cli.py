@@ -1,0 +1,33 @@
+"""``sotw pipeline`` as a user runs it: bad input gives one clear line and a non-zero exit."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+
+def sotw(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "sotw", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_a_bad_trigger_is_named():
+    done = sotw("pipeline", "--bootstrap", "127.0.0.1:9", "--trigger", "soon")
+    assert done.returncode == 2
+    assert "trigger must be like 5s, 500ms, 15min, 1h or availableNow, got 'soon'" in done.stderr
+
+
+def test_a_bad_policy_is_refused_with_the_choices():
+    done = sotw("pipeline", "--bootstrap", "127.0.0.1:9", "--policy", "lenient")
+    assert done.returncode == 2 and "invalid choice: 'lenient'" in done.stderr and "strict" in done.stderr
+
+
+def test_a_missing_broker_is_one_line_and_exit_1(tmp_path):
+    done = sotw("pipeline", "--bootstrap", "127.0.0.1:1", "--output", str(tmp_path / "out"))
+    assert done.returncode == 1
+    assert "broker at 127.0.0.1:1 did not answer within 15 s" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_inspect_of_a_missing_output_says_so(tmp_path):
+    done = sotw("pipeline", "inspect", str(tmp_path / "nothing"))
+    assert done.returncode == 2 and "is not a directory" in done.stderr
