@@ -195,7 +195,8 @@ def _run(
                     "broker": broker_pid,
                     "pipeline": lambda: pipe.pid if pipe.alive() else None,
                     "harness": os.getpid,
-                }
+                },
+                alone=("harness",),  # the harness's children are the broker and the pipeline
             ),
         },
         run_dir / "samples.jsonl",

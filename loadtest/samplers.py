@@ -209,16 +209,19 @@ class ResourceProbe:
     pids
         ``component -> callable returning the root pid`` (None while the component is not running); a
         component's children (the pipeline's JVM and Python workers) are counted with it.
+    alone
+        Components measured without their children (the harness, whose children are the other components).
     """
 
-    def __init__(self, pids: Mapping[str, Callable[[], int | None]]) -> None:
+    def __init__(self, pids: Mapping[str, Callable[[], int | None]], alone: Iterable[str] = ()) -> None:
         self._pids = dict(pids)
+        self._alone = frozenset(alone)
         self._procs: dict[int, psutil.Process] = {}
 
-    def _tree(self, pid: int) -> Iterable[psutil.Process]:
+    def _tree(self, pid: int, children: bool = True) -> Iterable[psutil.Process]:
         try:
             root = psutil.Process(pid)
-            family = [root, *root.children(recursive=True)]
+            family = [root, *root.children(recursive=True)] if children else [root]
         except psutil.NoSuchProcess:
             return []
         out = []
@@ -234,7 +237,7 @@ class ResourceProbe:
             pid = get_pid()
             cpu = rss = 0.0
             if pid is not None:
-                for p in self._tree(pid):
+                for p in self._tree(pid, children=name not in self._alone):
                     try:
                         cpu += p.cpu_percent(None)
                         rss += p.memory_info().rss

@@ -55,3 +55,35 @@ def test_a_pipeline_that_skips_a_batch_fails_and_is_blamed(smoke, kafka: KafkaCo
     paths = write_report([result], tmp_path / "broken")
     html = paths.html.read_text()
     assert "FAIL" in html and "pipeline" in html and "data:image/png;base64," in html
+
+
+def test_ctrl_c_stops_every_part_and_still_writes_a_partial_report(smoke, kafka: KafkaConfig, tmp_path):
+    import threading
+    import time
+
+    import psutil
+
+    stop = threading.Event()
+    run_dir = tmp_path / "interrupted"
+    outcome: list[Results] = []
+    worker = threading.Thread(
+        target=lambda: outcome.append(execute(RunRequest(smoke, 1.0, run_dir, kafka), stop))
+    )
+    worker.start()
+    samples = run_dir / "samples.jsonl"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not (samples.exists() and '"steady"' in samples.read_text()):
+        time.sleep(0.2)
+    stop.set()  # what the CLI's Ctrl-C handler does
+    worker.join(300)
+
+    assert outcome, "the run did not return"
+    result = outcome[0]
+    assert result.run.interrupted and result.verdict.verdict == "FAIL"
+    assert any("interrupted" in reason for reason in result.verdict.reasons)
+    assert Results.from_json(run_dir / "results.json").run.interrupted
+    # The pipeline process is gone, and nothing it wrote was lost or repeated.
+    assert not [
+        p for p in psutil.Process().children(recursive=True) if p.cmdline()[1:4] == ["-m", "sotw", "pipeline"]
+    ]
+    assert result.correctness is not None and result.correctness.rows_repeated == 0
