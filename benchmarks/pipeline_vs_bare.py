@@ -41,6 +41,7 @@ import psutil
 from confluent_kafka import KafkaError, TopicPartition
 
 from pipeline.config import PipelineConfig
+from pipeline.progress import input_messages
 from pipeline.query import run
 from pipeline.spark import SparkConfig, build_session
 from simulator import Simulator, SimulatorConfig
@@ -221,11 +222,11 @@ def pipeline(
         batches = [
             {
                 "batch": p["batchId"],
-                "rows": p["numInputRows"],
+                "rows": input_messages(p),
                 "ms": p["durationMs"].get("triggerExecution", 0),
             }
             for p in progress
-            if p.get("numInputRows")
+            if input_messages(p)
         ]
         if sum(b["rows"] for b in batches) >= total or time.monotonic() > deadline:
             break
@@ -268,6 +269,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=200)
     parser.add_argument("--session-s", type=float, default=3600.0, help="simulator session length")
     parser.add_argument("--max-offsets", type=int, default=None, help="maxOffsetsPerTrigger (default none)")
+    parser.add_argument(
+        "--shuffle-partitions", type=int, default=SparkConfig().shuffle_partitions, help="state partitions"
+    )
     parser.add_argument("--event-log", type=Path, help="write Spark's event log here (stage and task times)")
     parser.add_argument("--json", type=Path, default=Path("runs/bench-pipeline-vs-bare.json"))
     args = parser.parse_args(argv)
@@ -285,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
                 "spark.eventLog.compress": "false",
                 "spark.eventLog.dir": args.event_log.resolve().as_uri(),
             }
-        spark = build_session(SparkConfig(extra=extra))
+        spark = build_session(SparkConfig(shuffle_partitions=args.shuffle_partitions, extra=extra))
         print(f"SparkSession started in {time.perf_counter() - t0:.1f} s (not timed)", flush=True)
         results: dict[str, Any] = {"bare": [], "pipeline": [], "messages": total}
         for r in range(args.repeats):

@@ -28,6 +28,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow.compute as pc
@@ -39,6 +40,17 @@ from simulator.model import SensorTable
 from sotw import wire
 from sotw.broker import EmbeddedBroker
 from sotw.kafka import KafkaConfig, ensure_topics
+
+
+def broker_cpu_s(pid: int | None) -> float:
+    """CPU seconds (user + system) the broker process has used so far; 0 when it is not ours to see."""
+    if pid is None:
+        return 0.0
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def sample_payloads(sensors: int, rows: int) -> list[bytes]:
@@ -137,6 +149,7 @@ def simulator(kafka: KafkaConfig, prefix: str, sensors: int, partitions: int, ro
         raise SystemExit(f"simulator: {summary.unacknowledged} unacknowledged, {summary.stats.failed} failed")
     updates = summary.stats.sent - sensors * 2  # snapshots and closing ends are not updates
     return {
+        "sent": summary.stats.sent,
         "rate": summary.stats.sent / elapsed,
         "updates_per_s": updates / elapsed,
         "elapsed_s": elapsed,
@@ -172,32 +185,45 @@ def main(argv: list[str] | None = None) -> int:
     sizes = sorted(len(p) for p in payloads)
     payload = payloads[[len(p) for p in payloads].index(sizes[len(sizes) // 2])]
 
-    def go(kafka: KafkaConfig) -> dict:
+    def go(kafka: KafkaConfig, broker_pid: int | None = None) -> dict:
         results: dict[str, list] = {"bare": [], "bare_reports": [], "simulator": []}
+
+        def timed(side: str, fn: Any, *fargs: Any, **kw: Any) -> dict:
+            """Run one side and add the broker's CPU per message during it (embedded broker only)."""
+            b0 = broker_cpu_s(broker_pid)
+            out: dict = fn(*fargs, **kw)
+            sent = out.get("sent", args.messages)
+            out["broker_cpu_us_per_msg"] = (
+                (broker_cpu_s(broker_pid) - b0) / sent * 1e6 if broker_pid else None
+            )
+            results[side].append(out)
+            return out
+
         for r in range(args.repeats):
             prefix = f"bench{uuid.uuid4().hex[:6]}-sensor-"
             topics = [f"{prefix}{k:04d}" for k in range(args.sensors)]
             ensure_topics(kafka, dict.fromkeys(topics, args.partitions))
-            b = bare(kafka, topics, args.partitions, payload, args.messages)
-            results["bare"].append(b)
+            b = timed("bare", bare, kafka, topics, args.partitions, payload, args.messages)
             print(
                 f"  run {r + 1}: bare      {b['rate']:12,.0f} msg/s  {b['cpu_us_per_msg']:6.2f} CPU us/msg "
-                f"({b['main_thread_us_per_msg']:.2f} in the loop's thread)",
+                f"({b['main_thread_us_per_msg']:.2f} in the loop's thread; broker {b['broker_cpu_us_per_msg'] or 0:.2f})",
                 flush=True,
             )
-            b = bare(kafka, topics, args.partitions, payload, args.messages, reports=True)
-            results["bare_reports"].append(b)
+            b = timed(
+                "bare_reports", bare, kafka, topics, args.partitions, payload, args.messages, reports=True
+            )
             print(
                 f"  run {r + 1}: bare+dr   {b['rate']:12,.0f} msg/s  {b['cpu_us_per_msg']:6.2f} CPU us/msg "
-                f"({b['main_thread_us_per_msg']:.2f} in the loop's thread)",
+                f"({b['main_thread_us_per_msg']:.2f} in the loop's thread; broker {b['broker_cpu_us_per_msg'] or 0:.2f})",
                 flush=True,
             )
             prefix = f"bench{uuid.uuid4().hex[:6]}-sensor-"
-            sim = simulator(kafka, prefix, args.sensors, args.partitions, args.rows, args.messages)
-            results["simulator"].append(sim)
+            sim = timed(
+                "simulator", simulator, kafka, prefix, args.sensors, args.partitions, args.rows, args.messages
+            )
             print(
                 f"  run {r + 1}: simulator {sim['rate']:12,.0f} msg/s  {sim['cpu_us_per_msg']:6.2f} CPU us/msg "
-                f"({sim['main_thread_us_per_msg']:.2f} in the loop's thread) "
+                f"({sim['main_thread_us_per_msg']:.2f} in the loop's thread; broker {sim['broker_cpu_us_per_msg'] or 0:.2f}) "
                 f"({sim['updates_per_s']:,.0f} updates/s; {sim['updates_per_s_with_records']:,.0f} with the "
                 "ledger written)",
                 flush=True,
@@ -210,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         with EmbeddedBroker() as broker:
             broker_note = f"embedded Tansu at {broker.bootstrap}"
-            results = go(KafkaConfig(broker.bootstrap))
+            results = go(KafkaConfig(broker.bootstrap), broker.process.pid if broker.process else None)
 
     best_bare = max(b["rate"] for b in results["bare"])
     best_sim = max(s["updates_per_s"] for s in results["simulator"])

@@ -44,6 +44,7 @@ from loadtest.results import (
 from loadtest.samplers import KafkaLagProbe, OutputProbe, ProgressProbe, ResourceProbe, Sampler
 from loadtest.verify import end_to_end, latency_summary, read_output, verify_run
 from pipeline.config import parse_trigger
+from pipeline.progress import input_messages
 from simulator.producer import Simulator
 from sotw.broker import EmbeddedBroker
 from sotw.kafka import KafkaConfig
@@ -475,7 +476,7 @@ def _time_breakdown(progress_path: Path, steady_from_ms: int, steady_to_ms: int)
             except ValueError:
                 continue
             ts = pd.Timestamp(rec.get("timestamp")).value // 1_000_000 if rec.get("timestamp") else 0
-            if steady_from_ms <= ts <= steady_to_ms and rec.get("numInputRows", 0) > 0:
+            if steady_from_ms <= ts <= steady_to_ms and input_messages(rec) > 0:
                 rows.append(rec)
     if not rows:
         return {}

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 import psutil
 from confluent_kafka import TopicPartition
 
+from pipeline.progress import input_messages
 from sotw.kafka import EndOffsets, KafkaConfig
 
 log = logging.getLogger(__name__)
@@ -190,7 +191,7 @@ class ProgressProbe:
                         rec = json.loads(line)
                     except ValueError:
                         continue
-                    self.consumed += int(rec.get("numInputRows", 0))
+                    self.consumed += input_messages(rec)
                     self.last_duration_ms = int((rec.get("durationMs") or {}).get("triggerExecution", 0))
                     ops = rec.get("stateOperators") or [{}]
                     self.state_rows = int(ops[0].get("numRowsTotal", 0))

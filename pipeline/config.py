@@ -111,6 +111,9 @@ class PipelineConfig:
         }
         if self.source == "sotw-kafka":
             opts["topicDiscoveryIntervalMs"] = str(self.discovery_interval_ms)
+            # A session's messages as one row per batch: Spark's per-row costs are paid per session, not
+            # per message (see pipeline.source.PACKED_SCHEMA).
+            opts["packRecords"] = "true"
         else:
             opts["kafka.metadata.max.age.ms"] = str(self.discovery_interval_ms)
         if self.max_offsets_per_trigger is not None:

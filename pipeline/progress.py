@@ -34,6 +34,16 @@ def process_tree_rss() -> dict[str, int]:
     return out
 
 
+MESSAGES = "sotw_input_messages"
+"""The progress field with the Kafka messages a batch consumed (``numInputRows`` counts packed rows)."""
+
+
+def input_messages(progress: dict[str, Any]) -> int:
+    """Kafka messages one progress record's batch consumed: sotw's count, else Spark's ``numInputRows``."""
+    value = progress.get(MESSAGES)
+    return int(progress.get("numInputRows", 0) if value is None else value)
+
+
 def summarize(progress: dict[str, Any]) -> dict[str, Any]:
     """The handful of numbers a status line shows, from one progress record."""
     sources = progress.get("sources") or [{}]
@@ -41,13 +51,20 @@ def summarize(progress: dict[str, Any]) -> dict[str, Any]:
     state = progress.get("stateOperators") or [{}]
     return {
         "batch": progress.get("batchId"),
-        "input_rows": progress.get("numInputRows", 0),
-        "input_rate": progress.get("inputRowsPerSecond") or 0.0,
-        "processed_rate": progress.get("processedRowsPerSecond") or 0.0,
+        "input_rows": input_messages(progress),
+        "input_rate": _rate(progress, "inputRowsPerSecond"),
+        "processed_rate": _rate(progress, "processedRowsPerSecond"),
         "duration_ms": (progress.get("durationMs") or {}).get("triggerExecution", 0),
         "lag": int(float(metrics.get("offsetsBehindLatest", 0) or 0)),
         "state_rows": state[0].get("numRowsTotal", 0),
     }
+
+
+def _rate(progress: dict[str, Any], name: str) -> float:
+    """Spark's rate ``name`` in messages per second (Spark's rates count rows, which may be packed)."""
+    rate = float(progress.get(name) or 0.0)
+    rows = progress.get("numInputRows") or 0
+    return rate * input_messages(progress) / rows if rows else rate
 
 
 def _add_lag_metrics(progress: dict[str, Any]) -> None:
@@ -75,6 +92,8 @@ class ProgressLog(StreamingQueryListener):  # type: ignore[misc]
         Only events of the query with this name are recorded (listeners see every query of the session).
     on_progress
         Called with ``summarize(progress)`` for the live status line.
+    messages_of
+        The Kafka messages of a batch id (``OutputWriter.messages_of``), recorded as ``sotw_input_messages``.
     """
 
     def __init__(
@@ -82,8 +101,10 @@ class ProgressLog(StreamingQueryListener):  # type: ignore[misc]
         path: Path,
         query_name: str | None = None,
         on_progress: Callable[[dict[str, Any]], None] | None = None,
+        messages_of: Callable[[int], int | None] | None = None,
     ) -> None:
         self.path = path
+        self.messages_of = messages_of
         self.query_name = query_name
         self.on_progress = on_progress
         self._lock = threading.Lock()
@@ -98,6 +119,10 @@ class ProgressLog(StreamingQueryListener):  # type: ignore[misc]
         if self.query_name is not None and progress.get("name") != self.query_name:
             return
         _add_lag_metrics(progress)
+        if self.messages_of is not None and progress.get("batchId") is not None:
+            messages = self.messages_of(int(progress["batchId"]))
+            if messages is not None:
+                progress[MESSAGES] = messages
         progress["sotw_memory_rss"] = process_tree_rss()
         with self._lock, self.path.open("a") as out:
             out.write(json.dumps(progress, separators=(",", ":")) + "\n")

@@ -27,12 +27,16 @@ KAFKA_COLUMNS = ("key", "value", "topic", "partition", "offset", "timestamp")
 
 
 def read_source(spark: Any, config: PipelineConfig) -> Any:
-    """The streaming DataFrame of Kafka records, from the Python data source or Spark's own connector."""
+    """The streaming DataFrame of Kafka records, from the Python data source or Spark's own connector.
+
+    The sotw-kafka source is asked for packed rows (``packRecords``); ``reconstruct`` takes either shape.
+    """
     fmt = "sotw-kafka" if config.source == "sotw-kafka" else "kafka"
     reader = spark.readStream.format(fmt)
     for key, value in config.source_options().items():
         reader = reader.option(key, value)
-    return reader.load().select(*KAFKA_COLUMNS)
+    df = reader.load()
+    return df if "values" in df.columns else df.select(*KAFKA_COLUMNS)
 
 
 def query_name(config: PipelineConfig) -> str:
@@ -115,7 +119,7 @@ def run(
     """
     stop = stop or threading.Event()
     writer = OutputWriter(config.output, config.checkpoint, config.drop_batches)
-    listener = ProgressLog(config.progress_file, query_name(config), on_progress)
+    listener = ProgressLog(config.progress_file, query_name(config), on_progress, writer.messages_of)
     spark.streams.addListener(listener)
     try:
         query = start_query(spark, config, writer)

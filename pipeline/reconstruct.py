@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from itertools import repeat
 from typing import Any
 
 import pandas as pd
 
 from pipeline.policies import PolicyConfig
-from pipeline.records import output_schema
+from pipeline.records import BLOCK_DDL
 from pipeline.state import Envelope, SessionProcessor, SessionState
 
 log = logging.getLogger(__name__)
@@ -25,15 +26,40 @@ STATE_DDL = "`state` binary"
 # even when nothing arrives); with ``trigger(availableNow=True)`` that means the query never finishes. Queries
 # with that trigger must be started with this setting "false": timeouts then fire in the next batch with data.
 NO_DATA_BATCHES = "spark.sql.streaming.noDataMicroBatches.enabled"
-# Columns handed to the state function, in this order (the envelope's fields).
-INPUT_COLUMNS = ("topic", "partition", "offset", "key", "value", "timestamp_ms")
+# Columns handed to the state function: one row per key and partition with the messages as arrays (the
+# ``packRecords`` rows of the sotw-kafka source; Spark's own Kafka rows are wrapped into one-element arrays).
+INPUT_COLUMNS = ("key", "topic", "partition", "offsets", "values", "timestamps")
 
 
-def _timestamps(series: pd.Series) -> list[Any]:
-    """Kafka timestamps as ints, None where the source gave none (pandas turns such a column to floats)."""
-    if not series.hasnans:
-        return [int(v) for v in series.tolist()] if series.dtype.kind == "f" else series.tolist()
-    return [None if v != v else int(v) for v in series.tolist()]
+def _timestamps(stamps: Any) -> list[Any]:
+    """Kafka timestamps as ints, None where the source gave none (Arrow to numpy turns such arrays to floats)."""
+    dtype = getattr(stamps, "dtype", None)
+    if dtype is not None and dtype.kind in "iu":
+        return list(stamps.tolist())
+    items = stamps.tolist() if hasattr(stamps, "tolist") else list(stamps)
+    return [None if v is None or v != v else int(v) for v in items]
+
+
+def envelopes_of(pdf: pd.DataFrame) -> list[Envelope]:
+    """The messages of a pandas batch of ``INPUT_COLUMNS`` rows as envelopes, in the order they are packed."""
+    out: list[Envelope] = []
+    make = Envelope._make
+    for key, topic, partition, offsets, values, stamps in zip(
+        pdf["key"].tolist(),
+        pdf["topic"].tolist(),
+        pdf["partition"].tolist(),
+        pdf["offsets"],
+        pdf["values"],
+        pdf["timestamps"],
+        strict=True,
+    ):
+        offs = offsets.tolist() if hasattr(offsets, "tolist") else list(offsets)
+        n = len(offs)
+        out.extend(
+            map(make, zip(repeat(topic, n), repeat(int(partition), n), offs, repeat(key, n),
+                          list(values), _timestamps(stamps), strict=True))
+        )  # fmt: skip
+    return out
 
 
 class SessionFunction:
@@ -60,27 +86,15 @@ class SessionFunction:
             self._processor = SessionProcessor(self.policy)
         processor = self._processor
         now_ms = int(state.getCurrentProcessingTimeMs())
+        consumed = 0
         if state.hasTimedOut:
             new, records = processor.expire(SessionState.from_bytes(state.get[0]), now_ms)
         else:
             envelopes: list[Envelope] = []
             for pdf in batches:
-                if len(pdf) == 0:
-                    continue
-                envelopes.extend(
-                    map(
-                        Envelope._make,
-                        zip(
-                            pdf["topic"].tolist(),
-                            pdf["partition"].tolist(),
-                            pdf["offset"].tolist(),
-                            pdf["key"].tolist(),
-                            pdf["value"].tolist(),
-                            _timestamps(pdf["timestamp_ms"]),
-                            strict=True,
-                        ),
-                    )
-                )
+                if len(pdf):
+                    envelopes.extend(envelopes_of(pdf))
+            consumed = len(envelopes)
             old = SessionState.from_bytes(state.get[0]) if state.exists else None
             new, records = processor.apply(old, envelopes, now_ms)
         if new is None:
@@ -89,8 +103,9 @@ class SessionFunction:
         else:
             state.update((new.to_bytes(),))
             state.setTimeoutDuration(max(1, new.deadline_ms - now_ms))
-        if len(records):
-            yield records.to_pandas()
+        if len(records) or consumed:
+            block = records.to_block() if len(records) else None
+            yield pd.DataFrame({"block": [block], "rows": [len(records)], "messages": [consumed]})
 
 
 def reconstruct(df: Any, policy: PolicyConfig) -> Any:
@@ -99,16 +114,18 @@ def reconstruct(df: Any, policy: PolicyConfig) -> Any:
     Parameters
     ----------
     df
-        Rows with Spark's Kafka schema: ``key``, ``value`` (binary), ``topic``, ``partition``, ``offset``,
-        ``timestamp`` (other columns are ignored).
+        Rows with Spark's Kafka schema (``key``, ``value``, ``topic``, ``partition``, ``offset``,
+        ``timestamp``; other columns are ignored), or the sotw-kafka source's packed rows (``key``,
+        ``topic``, ``partition``, ``offsets``, ``values``, ``timestamps``).
     policy
         The integrity policy and the session timeout.
 
     Returns
     -------
     DataFrame
-        The flat records of ``docs/pipeline-outputs.md`` (``record`` = change, session, integrity or
-        dead_letter), in append mode; the sink adds ``batch_id`` and ``processed_ms``.
+        Record blocks (``pipeline.records.BLOCK_DDL``): per session and micro-batch, the flat records of
+        ``docs/pipeline-outputs.md`` (``record`` = change, session, integrity or dead_letter) as one Arrow
+        block, in append mode; the sink unpacks them and adds ``batch_id`` and ``processed_ms``.
 
     Notes
     -----
@@ -119,18 +136,24 @@ def reconstruct(df: Any, policy: PolicyConfig) -> Any:
     from pyspark.sql import functions as F
     from pyspark.sql.streaming.state import GroupStateTimeout
 
+    if "values" in df.columns:
+        messages = [F.col(name) for name in INPUT_COLUMNS[3:]]
+    else:
+        messages = [
+            F.array(F.col("offset")).alias("offsets"),
+            F.array(F.col("value")).alias("values"),
+            F.array(F.unix_millis(F.col("timestamp"))).alias("timestamps"),
+        ]
     prepared = df.select(
         F.coalesce(F.col("key"), F.lit(bytearray())).alias("group_key"),
+        F.col("key"),
         F.col("topic"),
         F.col("partition"),
-        F.col("offset"),
-        F.col("key"),
-        F.col("value"),
-        F.unix_millis(F.col("timestamp")).alias("timestamp_ms"),
+        *messages,
     )
     return prepared.groupBy("group_key").applyInPandasWithState(
         SessionFunction(policy),
-        outputStructType=output_schema(),
+        outputStructType=BLOCK_DDL,
         stateStructType=STATE_DDL,
         outputMode="append",
         timeoutConf=GroupStateTimeout.ProcessingTimeTimeout,

@@ -9,7 +9,9 @@ dead letters) from one stateful step, so ``OutputWriter`` does the same job by h
    interrupted attempt are removed.
 
 Spark replays an uncommitted batch with the same offsets after a crash, so each batch lands exactly once
-whether the process died before, during or after the write. ``check_consistency`` refuses to start when the
+whether the process died before, during or after the write. The stateful step hands over Arrow record blocks
+(``pipeline.records``); ``BlockWriter`` unpacks them and writes the Parquet files inside Spark's tasks, in the
+same job that runs the stateful step, so nothing is cached and no record goes through the JVM's row format. ``check_consistency`` refuses to start when the
 checkpoint and the output no longer describe the same history, rather than silently skipping or repeating batches.
 """
 
@@ -20,11 +22,13 @@ import logging
 import os
 import shutil
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pipeline.errors import PipelineError
+from pipeline.records import from_blocks
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +66,94 @@ PARTITIONS: dict[str, tuple[str, ...]] = {
     "integrity": ("sensor", "date"),
     "dead_letters": ("date",),
 }
+
+
+# What each task of a batch reports back: one row per file written (``path`` null when nothing was written),
+# and one row with no dataset that counts the Kafka messages the task's sessions consumed.
+WRITTEN_DDL = "`dataset` string, `path` string, `rows` bigint, `messages` bigint"
+
+
+class BlockWriter:
+    """The ``mapInArrow`` function of one batch: unpack record blocks, write each dataset's Parquet files.
+
+    Files go to ``staging/<dataset>/<partition dirs>/p<task>-a<attempt>-<n>.parquet``; only the files the
+    successful task attempts report are published by the driver, so a failed attempt's leftovers never do.
+
+    Parameters
+    ----------
+    staging
+        The batch's staging directory.
+    batch_id, processed_ms
+        Columns added to every record.
+    write
+        False for a batch that is dropped on purpose (``--drop-batch``): records are counted, not written.
+    """
+
+    def __init__(self, staging: str, batch_id: int, processed_ms: int, write: bool = True) -> None:
+        self.staging = staging
+        self.batch_id = batch_id
+        self.processed_ms = processed_ms
+        self.write = write
+
+    def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
+        """Write the records of this task's blocks; yield (dataset, path, rows) per file."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+        import pyarrow.dataset as ds
+        from pyspark import TaskContext
+
+        blocks: list[bytes] = []
+        messages = 0
+        for batch in batches:
+            blocks.extend(b for b in batch.column("block").to_pylist() if b is not None)
+            messages += pc.sum(batch.column("messages")).as_py() or 0
+        schema = pa.schema(
+            [("dataset", pa.string()), ("path", pa.string()), ("rows", pa.int64()), ("messages", pa.int64())]
+        )
+        yield pa.RecordBatch.from_pydict(
+            {"dataset": [None], "path": [None], "rows": [0], "messages": [messages]}, schema=schema
+        )
+        table = from_blocks(blocks)
+        if table.num_rows == 0:
+            return
+        n = table.num_rows
+        when = pc.coalesce(table["event_ms"], pa.scalar(self.processed_ms, pa.int64()))
+        table = table.append_column("batch_id", pa.array([self.batch_id] * n, pa.int64()))
+        table = table.append_column("processed_ms", pa.array([self.processed_ms] * n, pa.int64()))
+        date = pc.cast(pc.cast(pc.cast(when, pa.timestamp("ms")), pa.date32()), pa.string())
+        table = table.append_column("date", date)
+        ctx = TaskContext.get()
+        task = f"p{ctx.partitionId()}-a{ctx.attemptNumber()}" if ctx is not None else "p0-a0"
+        out: dict[str, list[Any]] = {"dataset": [], "path": [], "rows": [], "messages": []}
+        for dataset in DATASETS:
+            part = table.filter(pc.equal(table["record"], RECORD_OF[dataset]))
+            if part.num_rows == 0:
+                continue
+            if not self.write:
+                out["dataset"].append(dataset)
+                out["path"].append(None)
+                out["rows"].append(part.num_rows)
+                out["messages"].append(0)
+                continue
+            cols = list(dict.fromkeys([*COLUMNS[dataset], "batch_id", "processed_ms", *PARTITIONS[dataset]]))
+            written: list[Any] = []
+            ds.write_dataset(
+                part.select(cols),
+                f"{self.staging}/{dataset}",
+                format="parquet",
+                partitioning=ds.partitioning(
+                    pa.schema([(name, pa.string()) for name in PARTITIONS[dataset]]), flavor="hive"
+                ),
+                basename_template=f"{task}-{{i}}.parquet",
+                existing_data_behavior="overwrite_or_ignore",
+                file_visitor=written.append,
+            )
+            for file in written:
+                out["dataset"].append(dataset)
+                out["path"].append(file.path)
+                out["rows"].append(file.metadata.num_rows)
+                out["messages"].append(0)
+        yield pa.RecordBatch.from_pydict(out, schema=schema)
 
 
 def _atomic_write_json(path: Path, payload: dict[str, Any]) -> None:
@@ -143,6 +235,7 @@ class BatchStats:
     batch_id: int
     rows: dict[str, int]
     committed_ms: int
+    messages: int = 0
 
 
 class OutputWriter:
@@ -163,7 +256,17 @@ class OutputWriter:
         self.checkpoint = checkpoint
         self.drop_batches = drop_batches
         self.last: BatchStats | None = None
+        self._messages: dict[int, int] = {}
         self._owner_checked = False
+
+    def messages_of(self, batch_id: int) -> int | None:
+        """Kafka messages batch ``batch_id`` consumed (for the progress log); None if not known here."""
+        return self._messages.get(batch_id)
+
+    def _remember(self, batch_id: int, messages: int) -> None:
+        self._messages[batch_id] = messages
+        for old in [b for b in self._messages if b < batch_id - 100]:
+            del self._messages[old]
 
     def _claim(self) -> None:
         query_id = checkpoint_query_id(self.checkpoint)
@@ -186,9 +289,7 @@ class OutputWriter:
                     stale.unlink()
 
     def __call__(self, batch_df: Any, batch_id: int) -> None:
-        """Write ``batch_df`` (records of the stateful step) for ``batch_id``, unless already written."""
-        from pyspark.sql import functions as F
-
+        """Write ``batch_df`` (record blocks of the stateful step) for ``batch_id``, unless already written."""
         if not self._owner_checked:
             self._claim()
         marker = self.output / COMMITS / f"{batch_id}.json"
@@ -197,47 +298,43 @@ class OutputWriter:
             # batch must still run to the end so the state store commits this version (Spark checks it).
             log.info("batch %d already in the output; not written again", batch_id)
             batch_df.write.format("noop").mode("overwrite").save()
+            try:
+                self._remember(batch_id, int(json.loads(marker.read_text()).get("messages", 0)))
+            except (OSError, ValueError):
+                pass
             return
         self._clear_attempt(batch_id)
         processed_ms = int(time.time() * 1000)
-        df = batch_df.withColumn("batch_id", F.lit(batch_id).cast("long")).withColumn(
-            "processed_ms", F.lit(processed_ms).cast("long")
-        )
-        date_of = F.coalesce(F.col("event_ms"), F.lit(processed_ms))
-        df = df.withColumn("date", F.date_format(F.timestamp_millis(date_of), "yyyy-MM-dd"))
-        df = df.persist()
-        try:
-            counts = {r["record"]: int(r["count"]) for r in df.groupBy("record").count().collect()}
-            staging = self.output / STAGING / str(batch_id)
-            for dataset in DATASETS:
-                record = RECORD_OF[dataset]
-                if not counts.get(record) or batch_id in self.drop_batches:
-                    continue
-                cols = [*COLUMNS[dataset], "batch_id", "processed_ms", *PARTITIONS[dataset]]
-                cols = list(dict.fromkeys(cols))
-                (
-                    df.filter(F.col("record") == record)
-                    .select(*cols)
-                    .write.partitionBy(*PARTITIONS[dataset])
-                    .parquet(str(staging / dataset))
-                )
-                self._publish(staging / dataset, self.output / dataset, batch_id)
-        finally:
-            df.unpersist()
+        staging = (self.output / STAGING / str(batch_id)).absolute()
+        writer = BlockWriter(str(staging), batch_id, processed_ms, write=batch_id not in self.drop_batches)
+        counts = dict.fromkeys(DATASETS, 0)
+        messages = 0
+        for dataset, path, rows, consumed in batch_df.mapInArrow(writer, WRITTEN_DDL).collect():
+            messages += consumed
+            if dataset is not None:
+                counts[dataset] += rows
+            if path is not None:
+                self._publish(staging / dataset, Path(path), self.output / dataset, batch_id)
         shutil.rmtree(self.output / STAGING / str(batch_id), ignore_errors=True)
         committed_ms = int(time.time() * 1000)
         (self.output / COMMITS).mkdir(parents=True, exist_ok=True)
-        rows = {ds: counts.get(RECORD_OF[ds], 0) for ds in DATASETS}
+        rows = counts
         _atomic_write_json(
             marker,
-            {"batch_id": batch_id, "processed_ms": processed_ms, "committed_ms": committed_ms, "rows": rows},
+            {
+                "batch_id": batch_id,
+                "processed_ms": processed_ms,
+                "committed_ms": committed_ms,
+                "rows": rows,
+                "messages": messages,
+            },
         )
-        self.last = BatchStats(batch_id, rows, committed_ms)
+        self._remember(batch_id, messages)
+        self.last = BatchStats(batch_id, rows, committed_ms, messages)
 
     @staticmethod
-    def _publish(staging: Path, final: Path, batch_id: int) -> None:
-        """Move a batch's Parquet files from staging into the dataset, named after the batch."""
-        for src in staging.rglob("*.parquet"):
-            dest_dir = final / src.parent.relative_to(staging)
-            dest_dir.mkdir(parents=True, exist_ok=True)
-            os.replace(src, dest_dir / f"b{batch_id}-{src.name}")
+    def _publish(staging: Path, src: Path, final: Path, batch_id: int) -> None:
+        """Move one of a batch's Parquet files from staging into the dataset, named after the batch."""
+        dest_dir = final / src.parent.relative_to(staging)
+        dest_dir.mkdir(parents=True, exist_ok=True)
+        os.replace(src, dest_dir / f"b{batch_id}-{src.name}")

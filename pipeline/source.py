@@ -43,6 +43,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 from pyspark.sql.types import (
+    ArrayType,
     BinaryType,
     IntegerType,
     LongType,
@@ -107,6 +108,24 @@ SCHEMA = StructType(
 )
 """The row schema of Spark's Kafka source (without headers)."""
 
+PACKED_SCHEMA = StructType(
+    [
+        StructField("key", BinaryType()),
+        StructField("topic", StringType()),
+        StructField("partition", IntegerType()),
+        StructField("offsets", ArrayType(LongType(), containsNull=False)),
+        StructField("values", ArrayType(BinaryType())),
+        StructField("timestamps", ArrayType(LongType())),
+    ]
+)
+"""The rows with ``packRecords=true``: one row per key and partition per Arrow batch, messages in offset order.
+
+Spark's per-row costs (Arrow to rows, the shuffle, rows back to pandas in a stateful function) are paid per
+row, not per byte; a session's messages travel together anyway (same key, so same group), so packing them
+cuts those costs by the number of messages per row. ``timestamps`` are epoch milliseconds (null when the
+broker gave none).
+"""
+
 
 class DataLossError(PipelineError):
     """Offsets the query still had to read are gone from Kafka, and ``failOnDataLoss`` is true.
@@ -170,6 +189,9 @@ class SourceOptions:
         Spark tasks per micro-batch; ``None`` means ``DEFAULT_TASKS``.
     discovery_interval_ms
         How often the topic list is refreshed to find new (and notice deleted) topics.
+    pack
+        ``packRecords``: emit ``PACKED_SCHEMA`` rows (one per key and partition per batch) instead of one row
+        per message.
     poll_timeout_ms
         How long a reader waits for records the broker says exist before it gives up.
     """
@@ -184,6 +206,7 @@ class SourceOptions:
     min_partitions: int | None = None
     discovery_interval_ms: int = 5000
     poll_timeout_ms: int = 120_000
+    pack: bool = False
     _regex: re.Pattern[str] | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -253,6 +276,7 @@ class SourceOptions:
             min_partitions=_int_option(opts, "minPartitions", 1),
             discovery_interval_ms=5000 if interval is None else interval,
             poll_timeout_ms=120_000 if poll is None else poll,
+            pack=_bool_option(opts, "packRecords", False),
         )
 
     def matches(self, topic: str) -> bool:
@@ -678,8 +702,8 @@ class KafkaDataSource(DataSource):  # type: ignore[misc]
         return FORMAT
 
     def schema(self) -> StructType:
-        """The rows of Spark's Kafka source: key, value, topic, partition, offset, timestamp, timestampType."""
-        return SCHEMA
+        """Spark's Kafka rows (key, value, topic, partition, offset, timestamp, timestampType), or packed rows."""
+        return PACKED_SCHEMA if self.parsed.pack else SCHEMA
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:  # noqa: N802
         """The micro-batch reader."""
@@ -693,26 +717,30 @@ class KafkaDataSource(DataSource):  # type: ignore[misc]
 # ---------------------------------------------------------------------------------------- worker side
 
 
-def _arrow_schema() -> Any:
+def _arrow_schema(pack: bool) -> Any:
     from pyspark.sql.pandas.types import to_arrow_schema
 
     # Exactly the schema PySpark validates returned batches against.
-    return to_arrow_schema(SCHEMA, timezone="UTC")
+    return to_arrow_schema(PACKED_SCHEMA if pack else SCHEMA, timezone="UTC")
 
 
 class _Columns:
     """The accepted messages of one Arrow record batch; columns are built in one pass per column."""
 
-    def __init__(self) -> None:
+    def __init__(self, pack: bool) -> None:
         self.msgs: list[Any] = []
+        self.pack = pack
 
     def __len__(self) -> int:
         return len(self.msgs)
 
     def batch(self, schema: Any) -> Any:
+        """The messages as one Arrow record batch of ``schema`` (packed or one row per message)."""
         import pyarrow as pa
 
         msgs = self.msgs
+        if self.pack:
+            return self._packed(schema)
         stamps = [m.timestamp() for m in msgs]
         return pa.RecordBatch.from_arrays(
             [
@@ -724,6 +752,40 @@ class _Columns:
                 # confluent-kafka: (1 create time | 2 log-append time | 0 none, ms); Spark: 0, 1, -1 and us.
                 pa.array([ts * 1000 if kind else None for kind, ts in stamps], pa.timestamp("us", tz="UTC")),
                 pa.array([kind - 1 for kind, _ in stamps], pa.int32()),
+            ],
+            schema=schema,
+        )
+
+    def _packed(self, schema: Any) -> Any:
+        """One row per (topic, partition, key), messages in the order read (offset order within a partition)."""
+        import pyarrow as pa
+
+        msgs = self.msgs
+        groups: dict[tuple[str, int, bytes | None], list[int]] = {}
+        for i, m in enumerate(msgs):
+            tpk = (m.topic(), m.partition(), m.key())
+            members = groups.get(tpk)
+            if members is None:
+                groups[tpk] = [i]
+            else:
+                members.append(i)
+        order = pa.array([i for members in groups.values() for i in members], pa.int64())
+        bounds = [0]
+        for members in groups.values():
+            bounds.append(bounds[-1] + len(members))
+        list_offsets = pa.array(bounds, pa.int32())
+        stamps = [m.timestamp() for m in msgs]
+        offsets = pa.array([m.offset() for m in msgs], pa.int64()).take(order)
+        values = pa.array([m.value() for m in msgs], pa.binary()).take(order)
+        times = pa.array([ts if kind else None for kind, ts in stamps], pa.int64()).take(order)
+        return pa.RecordBatch.from_arrays(
+            [
+                pa.array([k for _, _, k in groups], pa.binary()),
+                pa.array([t for t, _, _ in groups], pa.string()),
+                pa.array([p for _, p, _ in groups], pa.int32()),
+                pa.ListArray.from_arrays(list_offsets, offsets, type=schema.field("offsets").type),
+                pa.ListArray.from_arrays(list_offsets, values, type=schema.field("values").type),
+                pa.ListArray.from_arrays(list_offsets, times, type=schema.field("timestamps").type),
             ],
             schema=schema,
         )
@@ -763,7 +825,7 @@ def read_ranges(options: SourceOptions, ranges: Sequence[OffsetRange]) -> Iterat
     """
     if not ranges:
         return
-    schema = _arrow_schema()
+    schema = _arrow_schema(options.pack)
     tuning = {k: v for k, v in _READ_TUNING.items() if k not in options.kafka.settings}
     consumer = options.kafka.consumer(**tuning, **_READ_REQUIRED)
     try:
@@ -786,7 +848,7 @@ def _read_round(
     progress = [now]  # when the last record of any partition was accepted
     checked = dict.fromkeys(pending, now)
     consumer.assign([TopicPartition(t, p, r[0]) for (t, p), r in pending.items()])
-    cols = _Columns()
+    cols = _Columns(options.pack)
     fail = options.fail_on_data_loss
     recheck_codes = {
         KafkaError._AUTO_OFFSET_RESET,
@@ -868,7 +930,7 @@ def _read_round(
                 finish(tp)
         if len(cols) >= ARROW_BATCH_ROWS:
             yield cols.batch(schema)
-            cols = _Columns()
+            cols = _Columns(options.pack)
             accept = cols.msgs.append
         if now - progress[0] > STALL_CHECK_S:
             for tp in [tp for tp in pending if now - checked[tp] > STALL_CHECK_S]:

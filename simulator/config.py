@@ -160,7 +160,9 @@ class SimulatorConfig:
     sensor_faults
         Per-sensor fault rates by sensor id, replacing ``faults`` for that sensor.
     insert_ratio, delete_ratio
-        Fractions of updates that insert a new row or delete one (the rest upsert existing rows).
+        Row churn: about ``(insert_ratio + delete_ratio) / 2`` of updates insert a new row and as many delete
+        one (the rest upsert existing rows); tables keep about ``rows`` rows, so the two are not honoured
+        separately (``simulator.model.TableStore`` explains why).
     close_on_stop
         End every open session with an ``end`` message when the run stops.
     producer

@@ -16,7 +16,7 @@ from faker import Faker
 
 from simulator.config import SimulatorConfig
 from simulator.ledger import Ledger
-from simulator.model import SensorInfo, SensorTable, sensor_info, skew_weights
+from simulator.model import SensorInfo, SensorTable, TableStore, sensor_info, skew_weights
 from sotw import wire
 
 
@@ -36,6 +36,7 @@ class Session:
         "push",
         "on_delivery",
         "templates",
+        "heads",
         "started_ms",
     )
 
@@ -62,6 +63,8 @@ class Session:
         self.push = fifo.append  # bound once: the hot loop records every message's ledger row with it
         self.on_delivery = cb
         self.templates = wire.update_templates(sensor, sid)
+        # The templates up to the row, by op (upsert, delete): the block encoder appends each row's own.
+        self.heads = tuple(self.templates[op].removesuffix(b"%b}") for op in wire.OPS)
         self.started_ms = started_ms
 
 
@@ -72,7 +75,6 @@ class Sensor:
         "id",
         "topic",
         "table",
-        "update",
         "session",
         "session_end_ms",
         "sessions",
@@ -84,7 +86,6 @@ class Sensor:
         self.id = sid
         self.topic = topic
         self.table = table
-        self.update = table.update  # bound once: the hot loop calls it for every update
         self.session: Session | None = None
         self.session_end_ms = 0.0
         self.sessions = 0
@@ -121,6 +122,8 @@ class Fleet:
         self.token = hashlib.sha256(f"{config.seed}/{run_id}".encode()).hexdigest()[:12]
         self.fake = Faker()
         self.fake.seed_instance(int(rng.integers(2**31)))
+        #: Every sensor's table, in one store so that a block of updates is applied to all at once.
+        self.tables = TableStore(config.rows, config.columns, config.insert_ratio, config.delete_ratio)
         self.active: list[Sensor] = []
         self.all: list[Sensor] = []
         self.retired_ms: dict[str, int] = {}
@@ -138,6 +141,7 @@ class Fleet:
             self.rng,
             self.config.insert_ratio,
             self.config.delete_ratio,
+            store=self.tables,
         )
         sensor = Sensor(sid, topic, table, sensor_info(sid, topic, self.fake), now_ms)
         self.active.append(sensor)

@@ -1,9 +1,9 @@
 """The ledger: one Parquet row per message the simulator meant to send and per copy it sent.
 
-``LEDGER_SCHEMA`` is the one definition of the ledger's columns. Rows are collected as plain tuples in one list
-(one append on the hot path, no dict per row), turned into columns when a chunk is sealed (twice a second), and
-each chunk is written as one Parquet row group once every message in it has its delivery report, so memory
-stays bounded by what is in flight. Delivery reports arrive per session in the order the messages were
+``LEDGER_SCHEMA`` is the one definition of the ledger's columns. The hot path adds rows a block at a time as
+typed arrays (``add_block``); rows added one at a time off it are tuples, turned into columns in order. A chunk
+is sealed twice a second and written as one Parquet row group once every message in it has its delivery
+report, so memory stays bounded by what is in flight. Delivery reports arrive per session in the order the messages were
 produced (one session = one key = one partition, and the producer is idempotent), so each session keeps a
 FIFO of its ledger row numbers and the report pops the oldest. A report appends two ints to a log (row number,
 offset) and nothing else; the log is scattered into the sealed chunks' columns with numpy. Acknowledgement
@@ -153,26 +153,61 @@ class Ledger:
         pc.if_else(pa.array([True]), pa.array(["a"]).take(pa.array([0])), pa.scalar(None, pa.string()))
 
     def _new_chunk(self) -> None:
+        # Rows added one at a time (off the hot path) as tuples, and whole blocks of the hot path as typed
+        # arrays; ``_pieces`` keeps both in row order (pending tuples are converted before a block goes in).
         self.rows: list[Row] = []
+        self._pieces: list[np.ndarray] = []
+        self._piece_rows = 0
         # The raw digests of the open chunk's rows, in row order (zeros for a row never sent): appending to
         # one buffer keeps 300,000 small bytes objects a second from living until the chunk is written.
         self.digests = bytearray()
 
-    def appender(self) -> Callable[[Row], None]:
-        """Bound ``append`` of the open chunk, for the hot loop (valid until the next ``seal``)."""
-        return self.rows.append
+    def _flush_rows(self) -> None:
+        if self.rows:
+            self._pieces.append(np.array(self.rows, dtype=_CHUNK_DTYPE))
+            self._piece_rows += len(self.rows)
+            self.rows = []
 
-    def digest_buffer(self) -> bytearray:
-        """The open chunk's digest buffer, for the hot loop: ``+=`` each sent row's 32-byte SHA-256 digest.
+    def add_block(
+        self,
+        session: np.ndarray,
+        seq: np.ndarray,
+        kind: int,
+        fault: int,
+        intended_ms: np.ndarray,
+        sent_s: np.ndarray,
+        digests: bytes,
+    ) -> int:
+        """Append a block of sent rows at once (the hot path); returns the first one's row number.
 
-        Valid until the next ``seal``; every row appended through ``appender`` must add its digest here.
+        The arrays have one entry per row; ``digests`` is their raw SHA-256 digests, 32 bytes each, in order.
         """
-        return self.digests
+        n = len(seq)
+        if len(digests) != 32 * n:
+            raise SimulatorError(f"ledger block has {n} rows but {len(digests) // 32} digests")
+        self._flush_rows()
+        index = self.next_index
+        piece = np.empty(n, dtype=_CHUNK_DTYPE)
+        piece["session"] = session
+        piece["seq"] = seq
+        piece["kind"] = kind
+        piece["fault"] = fault
+        piece["intended"] = intended_ms
+        piece["sent"] = sent_s
+        self._pieces.append(piece)
+        self._piece_rows += n
+        self.digests += digests
+        return index
+
+    @property
+    def open_rows(self) -> int:
+        """Rows in the open chunk."""
+        return self._piece_rows + len(self.rows)
 
     @property
     def next_index(self) -> int:
         """Ledger row number the next appended row gets."""
-        return self.base + len(self.rows)
+        return self.base + self._piece_rows + len(self.rows)
 
     def add_session(
         self, session: str, sensor: str, topic: str, partition: int
@@ -232,10 +267,10 @@ class Ledger:
 
     def seal(self) -> None:
         """Close the open chunk (it is written once all its rows have delivery reports)."""
-        if not self.rows:
+        self._flush_rows()
+        if not self._pieces:
             return
-        # One C-level conversion of the row tuples into typed columns (as fast as any column-wise variant).
-        chunk = np.array(self.rows, dtype=_CHUNK_DTYPE)
+        chunk = self._pieces[0] if len(self._pieces) == 1 else np.concatenate(self._pieces)
         sent, fault = chunk["sent"], chunk["fault"]
         on_time = (sent >= 0) & (fault != DELAYED) & (fault != DUPLICATE)
         if on_time.any():

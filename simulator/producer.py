@@ -10,6 +10,7 @@ per block or off the hot path.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import dataclasses
 import hashlib
@@ -18,6 +19,7 @@ import itertools
 import json
 import logging
 import math
+import operator
 import platform
 import threading
 import time
@@ -46,6 +48,7 @@ from simulator.faults import (
 )
 from simulator.fleet import Fleet, Sensor, Session
 from simulator.ledger import END, KIND_NAMES, SNAPSHOT, UPDATE, Ledger
+from simulator.model import STATUSES
 from simulator.truth import Truth
 from sotw import wire
 from sotw.broker import wait_for_kafka
@@ -53,11 +56,17 @@ from sotw.kafka import KafkaConfig, ensure_topics
 
 log = logging.getLogger(__name__)
 
+#: Stands in for the session of a sensor between sessions when the fast path builds per-sensor arrays.
+_NO_SESSION = Session(-1, "", "-", "", -1, deque(), None, 0)
+#: Each status's JSON text, by index into ``simulator.model.STATUSES``.
+_STATUS_JSON = np.array([wire.encode_row(s) for s in STATUSES], dtype=object)
+
 Clock = Callable[[], float]
 MAX_BLOCK = 8192
 BLOCK_SPAN_S = 0.1
 SEAL_EVERY_S = 0.5
 SEAL_ROWS = 250_000
+MIN_RUN = 48  # shorter runs of fast-path messages go one by one: ``_fast`` has a fixed cost of ~100 us
 
 
 @dataclass(frozen=True)
@@ -153,6 +162,18 @@ class RunSummary:
     interrupted: bool = False
 
 
+@dataclass
+class _Run:
+    """A planned run of updates: one entry per message, in schedule order (see ``Simulator._fast``)."""
+
+    sessions: list[Session]
+    seqs: list[int]
+    codes: np.ndarray
+    tsm: list[int]
+    values: list[bytes]
+    digests: bytes
+
+
 def _versions() -> dict[str, str]:
     import confluent_kafka
     import pyarrow
@@ -221,6 +242,7 @@ class Simulator:
         self._heap: list[tuple[Any, ...]] = []
         self._order = itertools.count()
         self._edges_key: tuple[str, ...] | None = None
+        self._throttled = False
 
     # ---- live controls -------------------------------------------------------------------------------
 
@@ -415,11 +437,7 @@ class Simulator:
         rng, fleet, ledger = self._rng, self._fleet, self._ledger
         assert fleet is not None and ledger is not None
         producer = self._producer
-        produce, poll, mark = producer.produce, producer.poll, ledger.mark
         clock = self.clock
-        sha256 = hashlib.sha256
-        encode_row = wire.encode_row
-        heap = self._heap
         end_s = self._start_s + cfg.duration_s if cfg.duration_s is not None else math.inf
         max_planned = cfg.max_messages if cfg.max_messages is not None else math.inf
         sched = self._sched = self._start_s
@@ -431,7 +449,7 @@ class Simulator:
             if (stop is not None and stop.is_set()) or sched >= end_s or self._planned >= max_planned:
                 break
             rate = cfg.rate * factor
-            throttled = rate > 0
+            throttled = self._throttled = rate > 0
             if throttled:
                 n = int(min(MAX_BLOCK, max(1.0, rate * BLOCK_SPAN_S)))
                 ts = sched + np.arange(1, n + 1, dtype=np.float64) / rate
@@ -474,88 +492,280 @@ class Simulator:
             codes = decide(u[0], band[sidx]).tolist() if band[:, -1].any() else [NONE] * n
             delays = np.minimum(-np.log1p(-u[3]) * dmean[sidx], dcap[sidx]).astype(np.int64).tolist()
             abandon_l = abandon[sidx].tolist()
-            slots: list[Sensor] = [active[k] for k in sidx.tolist()]
-            uf, uop, urow, zl = u[0].tolist(), u[1].tolist(), u[2].tolist(), z.tolist()
+            uf, uop, urow, zl = u[0].tolist(), u[1], u[2], z
+            uop_l, urow_l, z_l = uop.tolist(), urow.tolist(), zl.tolist()
+            tsm_a = np.asarray(tsm, dtype=np.int64)
             last_t = float(ts[-1])
-            del ts, u, z, sidx
+            del ts
 
-            append, digests = ledger.appender(), ledger.digest_buffer()
-            # ``idx`` is the ledger row the next fast-path message gets; ``first`` where the current run of
-            # fast-path messages began (their count is added to ``_sent`` before any slow path).
-            idx = first = ledger.next_index
-            # ``now`` is the send time recorded in the ledger: read after each poll (every 64 messages) and
-            # whenever the schedule is ahead of it, so it lags the true time by at most 64 messages' work.
-            now = clock()
-            now_ms = now * 1000.0
-            for s, t_ms, fault, u_op, u_row, zz, j in zip(
-                slots,
-                tsm,
-                codes,
-                uop,
-                urow,
-                zl,
-                range(n),
-                strict=False,  # equal lengths by construction
-            ):
-                if throttled and t_ms > now_ms:
-                    now = clock()
-                    now_ms = now * 1000.0
-                    while t_ms > now_ms:  # ahead of schedule: wait, serving delivery reports meanwhile
-                        poll(min((t_ms - now_ms) / 1000.0, 0.05))
-                        now = clock()
-                        now_ms = now * 1000.0
-                        mark(now)
-                if heap and heap[0][0] <= t_ms:
-                    self._sent += idx - first
-                    self._release(t_ms)
-                    idx = first = ledger.next_index
-                # A sensor without a session has a past end, so one comparison covers both cases.
-                if t_ms >= s.session_end_ms:
-                    self._sent += idx - first
-                    if s.session is None:
-                        self._start_session(s, t_ms, fault, uf[j], delays[j])
-                    else:
-                        self._end_session(s, t_ms, uf[j] < abandon_l[j])
-                    idx = first = ledger.next_index
-                    continue
-                sess = s.session
-                op, row = s.update(u_op, u_row, zz)
-                seq = sess.seq + 1
-                sess.seq = seq
-                value = sess.templates[op] % (seq, t_ms, encode_row(row))
-                if fault:
-                    self._sent += idx - first
-                    self._fault(sess, seq, UPDATE, fault, t_ms, value, delays[j], uf[j])
-                    idx = first = ledger.next_index
-                    continue
-                try:
-                    produce(sess.topic, value, sess.key, sess.partition, sess.on_delivery)
-                except BufferError:
-                    self._backpressure(sess, value)
-                except KafkaException as exc:
-                    raise self._refused(sess, value, exc) from None
-                sess.push(idx)
-                sess.hi = seq
-                append((sess.code, seq, UPDATE, NONE, t_ms, now))
-                digests += sha256(value).digest()
-                idx += 1
-                if not idx & 63:
-                    poll(0)
-                    now = clock()
-                    now_ms = now * 1000.0
-                    mark(now)
-            self._sent += idx - first
+            # The block is cut at every session start or end; the runs between go through ``_fast`` whole
+            # (faults and held-back messages included), unless too short to pay for its fixed cost.
+            bounds = np.zeros(0, dtype=np.int64)
+            sessions_changed = True
+            pos = 0
+            while pos < n:
+                if sessions_changed:
+                    ends = np.array([s.session_end_ms for s in active])
+                    bounds = pos + np.flatnonzero(tsm_a[pos:] >= ends[sidx[pos:]])
+                    sessions_changed = False
+                k = int(np.searchsorted(bounds, pos))
+                cut = int(bounds[k]) if k < len(bounds) else n
+                if cut - pos >= MIN_RUN:
+                    self._fast(
+                        active,
+                        sidx[pos:cut],
+                        tsm[pos:cut],
+                        uop[pos:cut],
+                        urow[pos:cut],
+                        zl[pos:cut],
+                        codes[pos:cut],
+                        uf[pos:cut],
+                        delays[pos:cut],
+                    )
+                    pos = cut
+                if pos < n:
+                    # One message on the per-message path (a session start or end, or a short run's).
+                    j = pos
+                    s = active[int(sidx[j])]
+                    session = s.session
+                    self._one(
+                        s, tsm[j], codes[j], uop_l[j], urow_l[j], z_l[j], uf[j], delays[j], abandon_l[j]
+                    )
+                    sessions_changed = s.session is not session
+                    pos += 1
             self._planned += n
             sched = last_t if throttled else max(sched, last_t)
             self._sched = sched
-            poll(0)
-            mark(clock())
+            producer.poll(0)
+            ledger.mark(clock())
             mono = time.monotonic()
-            if mono - last_seal >= SEAL_EVERY_S or len(ledger.rows) >= SEAL_ROWS:
+            if mono - last_seal >= SEAL_EVERY_S or ledger.open_rows >= SEAL_ROWS:
                 last_seal = mono
                 ledger.seal()
                 ledger.write_ready()
             self._publish()
+
+    def _wait_until(self, t_ms: int) -> None:
+        """Ahead of schedule: wait for ``t_ms``, serving delivery reports meanwhile."""
+        producer, mark, clock = self._producer, self._ledger.mark if self._ledger else None, self.clock
+        now_ms = clock() * 1000.0
+        while t_ms > now_ms:
+            producer.poll(min((t_ms - now_ms) / 1000.0, 0.05))
+            now = clock()
+            now_ms = now * 1000.0
+            if mark is not None:
+                mark(now)
+
+    def _one(
+        self,
+        s: Sensor,
+        t_ms: int,
+        fault: int,
+        u_op: float,
+        u_row: float,
+        z: float,
+        uf: float,
+        delay: int,
+        abandon: float,
+    ) -> None:
+        """One message on the per-message path: faults, session starts and ends, held-back messages."""
+        if self._throttled:
+            self._wait_until(t_ms)
+        heap = self._heap
+        if heap and heap[0][0] <= t_ms:
+            self._release(t_ms)
+        # A sensor without a session has a past end, so one comparison covers both cases.
+        if t_ms >= s.session_end_ms:
+            if s.session is None:
+                self._start_session(s, t_ms, fault, uf, delay)
+            else:
+                self._end_session(s, t_ms, uf < abandon)
+            return
+        sess = s.session
+        assert sess is not None
+        op, row = s.table.update(u_op, u_row, z)
+        seq = sess.seq + 1
+        sess.seq = seq
+        value = sess.templates[op] % (seq, t_ms, wire.encode_row(row))
+        if fault:
+            self._fault(sess, seq, UPDATE, fault, t_ms, value, delay, uf)
+        else:
+            self._send(sess, seq, UPDATE, NONE, t_ms, value)
+
+    def _fast(
+        self,
+        active: list[Sensor],
+        sidx: np.ndarray,
+        tsm: list[int],
+        u_op: np.ndarray,
+        u_row: np.ndarray,
+        z: np.ndarray,
+        codes: list[int],
+        uf: list[float],
+        delays: list[int],
+    ) -> None:
+        """Plan and send a run of updates inside their sessions, with per-run rather than per-message work.
+
+        The tables apply the whole run at once (``TableStore.update_block``); all values are then made by one
+        bytes formatting of the run's templates (session head + row template per message) and split on the
+        newline that JSON text never contains raw, and hashed in one comprehension. Sending walks the run:
+        stretches of fault-free messages go through ``_produce_stretch``; a message with a fault, and held-back
+        messages falling due, take the per-message path in between, in schedule order.
+        """
+        ledger, fleet = self._ledger, self._fleet
+        assert ledger is not None and fleet is not None
+        m = len(sidx)
+        store = fleet.tables
+        # Every sensor of the run has an open session (``_loop`` cuts runs at session ends); others may not.
+        none = _NO_SESSION
+        sessions: list[Session] = [s.session or none for s in active]
+        b = store.update_block(np.array([s.table.index for s in active])[sidx], u_op, u_row, z)
+        # Each sensor's seqs continue from its session's; its messages keep their order.
+        order = np.argsort(sidx, kind="stable")
+        ss = sidx[order]
+        first = np.ones(m, dtype=bool)
+        first[1:] = ss[1:] != ss[:-1]
+        rank = np.arange(m) - np.maximum.accumulate(np.where(first, np.arange(m), 0))
+        seqs = np.empty(m, dtype=np.int64)
+        seqs[order] = np.array([sess.seq for sess in sessions])[ss] + rank + 1
+        counts = np.bincount(sidx, minlength=len(active)).tolist()
+        for sess, c in zip(sessions, counts, strict=True):
+            sess.seq += c
+        heads = np.empty((len(sessions), 2), dtype=object)
+        heads[:] = [sess.heads for sess in sessions]
+        parts = np.empty((m, 3), dtype=object)
+        parts[:, 0] = heads[sidx, b.delete.astype(np.int64)]
+        parts[:, 1] = b.template
+        parts[:, 2] = b"}\n"
+        holes, numeric = store.holes, store.numeric
+        args = np.empty((m, 2 + len(holes)), dtype=object)
+        args[:, 0] = seqs
+        args[:, 1] = tsm
+        if numeric:
+            frags = np.array(wire.encode_floats(b.values.ravel()), dtype=object).reshape(m, len(numeric))
+        for j, col in enumerate(holes):
+            args[:, 2 + j] = _STATUS_JSON[b.status] if col == "status" else frags[:, numeric.index(col)]
+        text = b"".join(parts.ravel().tolist()) % tuple(args.ravel().tolist())
+        values = text.split(b"\n")
+        values.pop()
+        sha256 = hashlib.sha256
+        digests = b"".join([sha256(v).digest() for v in values])
+        run = _Run(
+            sessions=[sessions[q] for q in sidx.tolist()],
+            seqs=seqs.tolist(),
+            codes=np.array([sess.code for sess in sessions], dtype=np.int32)[sidx],
+            tsm=tsm,
+            values=values,
+            digests=digests,
+        )
+        faults = [j for j, c in enumerate(codes) if c] if any(codes) else []
+        heap = self._heap
+        i = f = 0
+        while i < m:
+            nxt = faults[f] if f < len(faults) else m
+            due = bisect.bisect_left(tsm, heap[0][0], i, nxt) if heap else m
+            cut = min(nxt, due)
+            if cut > i:
+                self._produce_stretch(run, i, cut)
+                i = cut
+            if i == m:
+                break
+            if self._throttled:
+                self._wait_until(tsm[i])
+            if heap and heap[0][0] <= tsm[i]:
+                self._release(tsm[i])
+            if i == nxt:
+                sess = run.sessions[i]
+                self._fault(sess, run.seqs[i], UPDATE, codes[i], tsm[i], values[i], delays[i], uf[i])
+                i += 1
+                f += 1
+
+    def _produce_stretch(self, run: _Run, i: int, j: int) -> None:
+        """Send messages ``i:j`` of a planned run (no faults) and record their ledger rows."""
+        ledger = self._ledger
+        assert ledger is not None
+        base = ledger.next_index
+        sessions = run.sessions[i:j]
+        # Reports of a session come in produce order, so its FIFO may take the rows before producing.
+        for sess, row in zip(sessions, range(base, base + j - i), strict=True):
+            sess.push(row)
+        seqs = run.seqs[i:j]
+        # The last seq of each session in the stretch is its highest sent in order.
+        for sess, seq in dict(zip(sessions, seqs, strict=True)).items():
+            sess.hi = seq
+        sent = self._produce_run(
+            [sess.topic for sess in sessions],
+            run.values[i:j],
+            [sess.key for sess in sessions],
+            [sess.partition for sess in sessions],
+            [sess.on_delivery for sess in sessions],
+            run.tsm[i:j],
+        )
+        ledger.add_block(
+            run.codes[i:j],
+            np.array(seqs),
+            UPDATE,
+            NONE,
+            np.array(run.tsm[i:j]),
+            sent,
+            run.digests[32 * i : 32 * j],
+        )
+        self._sent += j - i
+
+    def _produce_run(
+        self,
+        topics: list[str],
+        values: list[bytes],
+        keys: list[bytes],
+        partitions: list[int],
+        callbacks: list[Any],
+        due_ms: list[int],
+    ) -> np.ndarray:
+        """Produce a run in slices of at most 64, polling after each; return each message's send time.
+
+        A slice holds only messages already due (throttled runs wait for the next one), and its messages are
+        dated by the clock read before it, as the ledger's ``sent_ts`` promises.
+        """
+        ledger = self._ledger
+        assert ledger is not None
+        producer, clock, mark = self._producer, self.clock, ledger.mark
+        produce, poll = producer.produce, producer.poll
+        drain: Callable[[Any], None] = deque(maxlen=0).extend
+        throttled = self._throttled
+        m = len(values)
+        starts: list[int] = []
+        times: list[float] = []
+        now = clock()
+        i = 0
+        while i < m:
+            if throttled:
+                if due_ms[i] > now * 1000.0:
+                    self._wait_until(due_ms[i])
+                    now = clock()
+                j = bisect.bisect_right(due_ms, now * 1000.0, i, min(m, i + 64))
+            else:
+                j = min(m, i + 64)
+            starts.append(i)
+            times.append(now)
+            # ``produce`` is called from C (starmap drained by a zero-length deque): no bytecode per message.
+            # If it raises, the values iterator's remaining length says which message it was.
+            left = iter(values[i:j])
+            calls = zip(topics[i:j], left, keys[i:j], partitions[i:j], callbacks[i:j], strict=False)
+            while True:
+                try:
+                    drain(itertools.starmap(produce, calls))
+                    break
+                except BufferError:
+                    k = j - operator.length_hint(left) - 1
+                    self._backpressure(topics[k], values[k], keys[k], partitions[k], callbacks[k])
+                except KafkaException as exc:
+                    k = j - operator.length_hint(left) - 1
+                    raise self._refused(topics[k], values[k], exc) from None
+            i = j
+            poll(0)
+            now = clock()
+            mark(now)
+        return np.repeat(np.array(times), np.diff(np.array([*starts, m])))
 
     # ---- off the hot path ----------------------------------------------------------------------------
 
@@ -567,9 +777,9 @@ class Simulator:
         try:
             producer.produce(sess.topic, value, sess.key, sess.partition, sess.on_delivery)
         except BufferError:
-            self._backpressure(sess, value)
+            self._backpressure(sess.topic, value, sess.key, sess.partition, sess.on_delivery)
         except KafkaException as exc:
-            raise self._refused(sess, value, exc) from None
+            raise self._refused(sess.topic, value, exc) from None
         ledger = self._ledger
         assert ledger is not None
         sess.fifo.append(ledger.next_index)
@@ -578,14 +788,14 @@ class Simulator:
         ledger.add_row(sess.code, seq, kind, fault, intended_ms, self.clock(), hashlib.sha256(value).digest())
         self._sent += 1
 
-    def _refused(self, sess: Session, value: bytes, exc: KafkaException) -> SimulatorError:
+    def _refused(self, topic: str, value: bytes, exc: KafkaException) -> SimulatorError:
         """The client refused a message outright (too large, unknown topic...): say which and why."""
         return SimulatorError(
-            f"the producer refused a {len(value):,}-byte message for {sess.topic}: {exc.args[0].str()} "
+            f"the producer refused a {len(value):,}-byte message for {topic}: {exc.args[0].str()} "
             "(fewer --rows or columns, or a larger message.max.bytes via -P and on the broker)"
         )
 
-    def _backpressure(self, sess: Session, value: bytes) -> None:
+    def _backpressure(self, topic: str, value: bytes, key: bytes, partition: int, callback: Any) -> None:
         """The local queue is full: serve delivery reports until there is room; never drop the message."""
         self._bp_waits += 1
         producer = self._producer
@@ -596,7 +806,7 @@ class Simulator:
             if mark is not None:
                 mark(self.clock())
             try:
-                producer.produce(sess.topic, value, sess.key, sess.partition, sess.on_delivery)
+                producer.produce(topic, value, key, partition, callback)
                 return
             except BufferError:
                 if time.monotonic() > deadline:
@@ -643,7 +853,7 @@ class Simulator:
         assert fleet is not None
         sess = fleet.new_session(sensor, t_ms, first=sensor.sessions == 0)
         sess.seq = 0
-        value = wire.encode_snapshot(sensor.id, sess.id, 0, t_ms, sensor.table.rows.values())
+        value = wire.encode_snapshot(sensor.id, sess.id, 0, t_ms, sensor.table.snapshot_rows())
         if fault:
             self._fault(sess, 0, SNAPSHOT, fault, t_ms, value, delay, u)
         else:

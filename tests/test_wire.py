@@ -1,6 +1,7 @@
 import hashlib
 import random
 
+import numpy as np
 import pytest
 
 from sotw import wire
@@ -80,3 +81,18 @@ def test_update_templates_encode_byte_for_byte_what_encode_update_does(sensor, s
         fast = templates[op] % (seq, ts, wire.encode_row(row))
         assert fast == wire.encode_update(sensor, session, seq, ts, op, row)
         assert wire.decode(fast).row == row
+
+
+def test_row_templates_filled_with_encoded_floats_encode_byte_for_byte_what_encode_row_does():
+    rng = np.random.default_rng(3)
+    values = np.concatenate([rng.normal(0, 1e3, 500), [0.0, -0.0, 1e-7, 1e16, 123456.789, 0.1, 2.5e-300]])
+    frags = wire.encode_floats(values)
+    assert len(frags) == len(values) and wire.encode_floats(values[:0]) == []
+    for k, value in enumerate(values.tolist()):
+        row = {"id": k, "value": value, "status": "al%arm", "name": 'p%s"-é', "unit": "%"}
+        template = wire.row_template(row, ["value", "status"])
+        assert template % (frags[k], wire.encode_row("al%arm")) == wire.encode_row(row)
+    # Holes follow the row's key order whatever order they are named in; no hole leaves no %b.
+    row = {"id": 1, "x2": 2.0, "x1": 1.0}
+    assert wire.row_template(row, ["x1", "x2"]) % (b"2.0", b"1.0") == wire.encode_row(row)
+    assert wire.row_template({"id": 9}) == b'{"id":9}'

@@ -1,4 +1,5 @@
 import pyarrow.parquet as pq
+import pytest
 
 from simulator.fleet import partition_for
 from sotw import wire
@@ -19,8 +20,21 @@ def rebuild(messages):
     return table
 
 
-def test_every_message_decodes_and_each_end_digest_matches_the_rebuilt_table_and_the_truth(kafka, simulate):
-    summary, config = simulate(duration_s=1.5, session_interval_s=0.3)
+@pytest.mark.parametrize(
+    "load",
+    [
+        pytest.param({"duration_s": 1.5, "session_interval_s": 0.3}, id="on-schedule"),
+        # Unthrottled: whole blocks of 8,192 updates go through the block encoder at once.
+        pytest.param(
+            {"rate": 0, "duration_s": None, "max_messages": 40_000, "session_interval_s": 0.1, "columns": 6},
+            id="unthrottled-extra-columns",
+        ),
+    ],
+)
+def test_every_message_decodes_and_each_end_digest_matches_the_rebuilt_table_and_the_truth(
+    kafka, simulate, load
+):
+    summary, config = simulate(**load)
     records = read_topics(kafka, list(summary.topics), config.partitions)
     sessions: dict[str, list[wire.Message]] = {}
     for rec in records:
