@@ -3,21 +3,17 @@
 Run with ``.venv/bin/pytest benchmarks/test_pipeline_bench.py --benchmark-only``. One session of a 200-row
 table (a snapshot) and 5,000 upserts, as the simulator writes them, goes through ``SessionProcessor.apply``
 (decode, sequence checks, table update, canonical row JSON); the second benchmark adds what
-``pipeline.reconstruct`` does around it in a Python worker: the records' conversion to the pandas DataFrame
-handed back to Spark, and that DataFrame's conversion to Arrow by the same PySpark function the
-``applyInPandasWithState`` worker calls (the records as one struct column).
+``pipeline.reconstruct`` does around it in a Python worker: the records' conversion to the Arrow block
+handed back to Spark (``Records.to_block``) and the sink's reading of it (``pipeline.records.from_blocks``).
 """
 
 from __future__ import annotations
 
 import numpy as np
-import pyarrow as pa
 import pytest
-from pyspark.sql.conversion import PandasToArrowConversion
-from pyspark.sql.types import StructField, StructType
 
 from pipeline.policies import PolicyConfig
-from pipeline.records import output_schema
+from pipeline.records import from_blocks
 from pipeline.state import Envelope, SessionProcessor
 from sotw.wire import encode_snapshot, encode_update
 
@@ -61,22 +57,14 @@ def test_session_processor_applies_a_200_row_session_with_5000_upserts(
     assert len(out.changes) == ROWS + UPSERTS
 
 
-def test_processor_plus_conversion_to_pandas_and_arrow(
+def test_processor_plus_conversion_to_an_arrow_block(
     benchmark: pytest.FixtureRequest, envelopes: list[Envelope]
 ) -> None:
     processor = SessionProcessor(PolicyConfig("ordered"))
-    schema = StructType([StructField("_1", output_schema())])
 
-    def step() -> pa.RecordBatch:
+    def step() -> bytes:
         _, out = processor.apply(None, envelopes, 10_000)
-        return PandasToArrowConversion.convert(
-            [out.to_pandas()],
-            schema,
-            timezone="UTC",
-            safecheck=False,
-            arrow_cast=True,
-            assign_cols_by_name=True,
-        )
+        return out.to_block()
 
-    batch = benchmark(step)
-    assert batch.num_rows == ROWS + UPSERTS
+    block = benchmark(step)
+    assert from_blocks([block]).num_rows == ROWS + UPSERTS

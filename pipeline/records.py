@@ -1,9 +1,9 @@
-"""The one flat record type the stateful step emits, defined once: Spark schema and the builders.
+"""The one flat record type the stateful step emits, defined once: Arrow schema, builders and blocks.
 
 Every row the reconstruction produces is a change, a closed session, an integrity event or a dead letter;
 the ``record`` column says which, and the sink splits them into the four datasets of
 ``docs/pipeline-outputs.md``. Builders collect rows in plain tuples and dicts (cheap to append on the hot
-path) and turn them into one pandas DataFrame per group at the end.
+path) and turn them into one Arrow block per group at the end.
 """
 
 from __future__ import annotations
@@ -11,8 +11,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-import numpy as np
-import pandas as pd
 import pyarrow as pa
 
 # (name, Spark SQL type) in output order. The sink adds batch_id and processed_ms later.
@@ -54,8 +52,6 @@ FIELDS: tuple[tuple[str, str], ...] = (
     ("value", "binary"),
 )
 COLUMNS: tuple[str, ...] = tuple(name for name, _ in FIELDS)
-# Names such as `values`, `offset` and `partition` are SQL keywords: quote every one.
-OUTPUT_DDL = ", ".join(f"`{name}` {kind}" for name, kind in FIELDS)
 
 RECORD_KINDS = ("change", "session", "integrity", "dead_letter")
 VIOLATIONS = (
@@ -85,33 +81,9 @@ CHANGE_COLUMNS = (
 )
 
 
-def output_schema() -> Any:
-    """The records' Spark ``StructType`` (built from ``FIELDS``, so schema and builders cannot drift).
-
-    Built from the type names directly rather than by parsing ``OUTPUT_DDL``, which needs a running
-    SparkContext; benchmarks and tools convert records without one.
-    """
-    from pyspark.sql import types as T
-
-    kinds = {
-        "string": T.StringType(),
-        "int": T.IntegerType(),
-        "bigint": T.LongType(),
-        "binary": T.BinaryType(),
-    }
-    return T.StructType([T.StructField(name, kinds[kind]) for name, kind in FIELDS])
-
-
-def output_arrow_schema() -> Any:
-    """The records' Arrow schema, as PySpark converts ``output_schema()`` (for benchmarks and tools)."""
-    from pyspark.sql.pandas.types import to_arrow_schema
-
-    return to_arrow_schema(output_schema(), timezone="UTC")
-
-
 _ARROW_TYPES = {"string": pa.string(), "int": pa.int32(), "bigint": pa.int64(), "binary": pa.binary()}
 ARROW_SCHEMA = pa.schema([pa.field(name, _ARROW_TYPES[kind]) for name, kind in FIELDS])
-"""The records' Arrow schema (the same types as ``output_schema()``), for record blocks and the sink."""
+"""The records' Arrow schema (``FIELDS`` with Spark's types), for record blocks and the sink."""
 
 BLOCK_DDL = "`block` binary, `rows` bigint, `messages` bigint"
 """What the stateful step emits: one row per session and micro-batch whose ``block`` holds its records.
@@ -135,8 +107,8 @@ class Records:
     """Output records of one call of the state processor, collected cheaply and converted once.
 
     Changes are appended as tuples (one per touched row); the rare session, integrity and dead-letter
-    records as dicts with only the columns they use. ``to_pandas`` builds one DataFrame with all columns,
-    which is what ``applyInPandasWithState`` wants back per group.
+    records as dicts with only the columns they use. ``to_block`` turns them into one Arrow block with all
+    columns, which the stateful step hands back to Spark per group.
     """
 
     __slots__ = ("changes", "others")
@@ -247,23 +219,6 @@ class Records:
         """The records of one kind (``change``, ``session``, ``integrity`` or ``dead_letter``) as dicts."""
         return [r for r in self.rows() if r["record"] == record]
 
-    def to_pandas(self) -> pd.DataFrame:
-        """One DataFrame with every output column, in object columns so nulls in integer columns stay null.
-
-        Filling one 2-D object array and wrapping it is over 20 times faster than building a Series per column,
-        and this runs once per session per micro-batch.
-        """
-        n_changes = len(self.changes)
-        frame = np.empty((n_changes + len(self.others), len(COLUMNS)), dtype=object)  # all None
-        if n_changes:
-            frame[:n_changes, _INDEX["record"]] = "change"
-            for j, column in zip(_CHANGE_INDEX, zip(*self.changes, strict=True), strict=True):
-                frame[:n_changes, j] = column
-        for i, other in enumerate(self.others, n_changes):
-            for name, value in other.items():
-                frame[i, _INDEX[name]] = value
-        return pd.DataFrame(frame, columns=list(COLUMNS), copy=False)
-
     def to_arrow(self) -> pa.Table:
         """All records as one Arrow table of ``ARROW_SCHEMA``, changes first, built column by column."""
         n_changes, n = len(self.changes), len(self)
@@ -292,7 +247,3 @@ class Records:
         with pa.ipc.new_stream(sink, ARROW_SCHEMA) as writer:
             writer.write_table(table)
         return bytes(sink.getvalue())
-
-
-_INDEX = {name: i for i, name in enumerate(COLUMNS)}
-_CHANGE_INDEX = tuple(_INDEX[name] for name in CHANGE_COLUMNS)

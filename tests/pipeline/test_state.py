@@ -389,10 +389,10 @@ def test_malformed_messages_never_open_a_session() -> None:
     assert [d["event_ms"] for d in out.of("dead_letter")] == [7, 7]
 
 
-def test_records_become_one_dataframe_with_every_output_column() -> None:
+def test_records_become_one_table_with_every_output_column() -> None:
     envs = envelopes(typical().values)
     _, out = run("ordered", [envs[0], envs[2], envs[1]._replace(value=b"x")])
-    frame = out.to_pandas()
+    frame = out.to_arrow().to_pandas()
     assert tuple(frame.columns) == COLUMNS
     assert sorted(frame["record"].unique()) == ["change", "dead_letter", "integrity"]
     assert frame.loc[frame["record"] == "change", "seq"].tolist() == [0, 0, 0, 2]
