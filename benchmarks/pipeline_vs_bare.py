@@ -224,6 +224,7 @@ def pipeline(
                 "batch": p["batchId"],
                 "rows": input_messages(p),
                 "ms": p["durationMs"].get("triggerExecution", 0),
+                "duration_ms": p["durationMs"],
             }
             for p in progress
             if input_messages(p)

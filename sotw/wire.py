@@ -172,6 +172,45 @@ def _check_row(row: Any, where: str, need_columns: bool) -> dict[str, Any]:
     return row
 
 
+def plain_update(value: bytes | None, key: bytes) -> tuple[str, int, int, str, dict[str, Any]] | None:
+    """``(sensor, seq, ts, op, row)`` of a valid update keyed by its session, else None: the hot path's decode.
+
+    Almost every message a consumer sees is such an update. This accepts exactly the updates ``decode`` accepts
+    (with ``key`` given) but builds no ``Message`` and checks each rule with one type test, at about a third of
+    ``decode``'s cost. Anything else (a snapshot, an end, a malformed value) returns None: the caller then asks
+    ``decode``, which says what the message is or which rule it breaks.
+    """
+    if value is None:
+        return None
+    try:
+        obj = orjson.loads(value)
+    except orjson.JSONDecodeError:
+        return None
+    if type(obj) is not dict or obj.get("kind") != "update":
+        return None
+    sensor, session, seq, ts, op, row = (
+        obj.get("sensor"), obj.get("session"), obj.get("seq"), obj.get("ts"), obj.get("op"), obj.get("row")
+    )  # fmt: skip
+    if (
+        type(sensor) is not str
+        or type(session) is not str
+        or type(seq) is not int
+        or seq < 0
+        or type(ts) is not int
+        or type(row) is not dict
+        or type(row.get("id")) is not int
+        or key != session.encode("utf-8")
+        or not session
+    ):
+        return None
+    if op == "upsert":
+        if len(row) < 2:
+            return None
+    elif op != "delete":
+        return None
+    return sensor, seq, ts, op, row
+
+
 def decode(value: bytes | None, key: bytes | None = None) -> Message:
     """Decode and validate one Kafka message value (and key, when given).
 

@@ -96,3 +96,41 @@ def test_row_templates_filled_with_encoded_floats_encode_byte_for_byte_what_enco
     row = {"id": 1, "x2": 2.0, "x1": 1.0}
     assert wire.row_template(row, ["x1", "x2"]) % (b"2.0", b"1.0") == wire.encode_row(row)
     assert wire.row_template({"id": 9}) == b'{"id":9}'
+
+
+def _variants() -> list[bytes]:
+    """Valid updates and near misses of every rule an update must keep."""
+    good = {"sensor": "a", "session": "s-1", "seq": 3, "kind": "update", "ts": 7, "op": "upsert"}
+    row = {"id": 1, "v": 0.5}
+    out = [
+        wire.encode_update("a", "s-1", 3, 7, "upsert", row),
+        wire.encode_update("a", "s-1", 3, 7, "delete", {"id": 1}),
+    ]
+    bad_values = {
+        "sensor": [None, 5],
+        "session": ["", "s-2", 1],
+        "seq": [-1, True, 3.0, "3"],
+        "ts": [1.5, None, False],
+        "kind": ["snapshot", "end", "upd"],
+        "op": ["merge", None],
+    }
+    for field, values in bad_values.items():
+        for value in values:
+            out.append(wire.orjson.dumps({**good, field: value, "row": row}))
+        out.append(wire.orjson.dumps({**{k: v for k, v in good.items() if k != field}, "row": row}))
+    for bad_row in [None, [], {"v": 1}, {"id": "1", "v": 1}, {"id": True, "v": 1}, {"id": 1}]:
+        out.append(wire.orjson.dumps({**good, "row": bad_row}))
+    out += [b"not json", b"[]", b""]
+    return out
+
+
+@pytest.mark.parametrize("value", _variants())
+def test_plain_update_accepts_exactly_the_updates_decode_accepts(value):
+    try:
+        msg = wire.decode(value, key=b"s-1")
+    except wire.MalformedMessage:
+        msg = None
+    expected = None
+    if msg is not None and msg.kind == "update":
+        expected = (msg.sensor, msg.seq, msg.ts, msg.op, msg.row)
+    assert wire.plain_update(value, b"s-1") == expected

@@ -442,3 +442,59 @@ def test_fast_canonical_row_writes_exactly_the_wire_formats_canonical_row() -> N
         )
     rows.append({"id": 3, "nested": {"b": [1.5, None], "a": "é"}, "n": None})
     assert [fast_canonical_row(r) for r in rows] == [canonical_row(r) for r in rows]
+
+
+def _faulty_stream(rng: random.Random) -> list[bytes]:
+    """Two sessions' worth of values under one key with every kind of fault the simulator injects."""
+    values: list[bytes] = []
+    for _ in range(2):
+        s = Session(rows=4)
+        for _ in range(rng.randrange(5, 40)):
+            if rng.random() < 0.2:
+                s.delete(rng.randrange(8))
+            else:
+                s.upsert(rng.randrange(8), round(rng.uniform(-50, 50), 3))
+        if rng.random() < 0.8:
+            s.end()
+        values += s.values
+    out: list[bytes] = []
+    for v in values:
+        roll = rng.random()
+        if roll < 0.05:
+            continue  # a gap
+        if roll < 0.08:
+            out.append(b'{"sensor": "sensor-7", "seq": tru')  # malformed
+            continue
+        out.append(v)
+        if roll < 0.12:
+            out.append(v)  # a duplicate
+    for _ in range(len(out) // 10):  # some reordering
+        i = rng.randrange(len(out) - 1)
+        out[i], out[i + 1] = out[i + 1], out[i]
+    return out
+
+
+@pytest.mark.parametrize("policy", ["strict", "ordered", "once", "window", "none"])
+def test_the_fast_path_for_plain_updates_gives_exactly_what_the_per_message_path_gives(policy: str) -> None:
+    """``SessionProcessor(fast=True)`` (the default) must be a pure speed-up: same state, records, errors."""
+    config: dict[str, Any] = {"window_messages": 3} if policy == "window" else {}
+    rng = random.Random(7)
+    for _ in range(60):
+        envs = envelopes(_faulty_stream(rng))
+        cuts = sorted(rng.sample(range(1, len(envs)), 3))
+        batches = [envs[a:b] for a, b in zip([0, *cuts], [*cuts, len(envs)], strict=True)]
+        results = []
+        for fast in (True, False):
+            processor = SessionProcessor(PolicyConfig(policy, **config), fast=fast)
+            state: SessionState | None = None
+            rows: list[dict[str, Any]] = []
+            try:
+                for i, batch in enumerate(batches):
+                    state, records = processor.apply(state, batch, NOW + i)
+                    rows += records.rows()
+                    state = SessionState.from_bytes(state.to_bytes()) if state is not None else None
+                outcome: Any = (state.to_bytes() if state is not None else None, rows)
+            except IntegrityViolation as exc:
+                outcome = (str(exc), rows)
+            results.append(outcome)
+        assert results[0] == results[1]
