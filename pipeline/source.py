@@ -896,7 +896,11 @@ def _read_round(
 
     accept = cols.msgs.append
     while pending:
-        msgs = consumer.consume(num_messages=ARROW_BATCH_ROWS, timeout=0.2)
+        # ``consume`` returns when it has ``num_messages`` or the timeout passed. Asking for no more than the
+        # ranges still hold makes the last call of a range return as soon as its records are in, instead of
+        # waiting out the timeout for a batch that cannot fill (the whole cost of a small read).
+        left = sum(stop - pos for pos, stop in pending.values())
+        msgs = consumer.consume(num_messages=max(1, min(ARROW_BATCH_ROWS, left)), timeout=0.2)
         now = time.monotonic()
         for msg in msgs:
             err = msg.error()

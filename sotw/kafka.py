@@ -146,7 +146,9 @@ class EndOffsets:
             # Keep reading until every probed partition answered and the fetched batches are drained.
             idle = 0
             while time.monotonic() < deadline and (pending or idle < 1):
-                msgs = consumer.consume(num_messages=10_000, timeout=0.05 if not pending else 0.2)
+                # Short waits: ``consume`` returns only when it has ``num_messages`` or the timeout passed,
+                # and the number of records in the probed batches is unknown.
+                msgs = consumer.consume(num_messages=10_000, timeout=0.02)
                 idle = 0 if msgs else idle + 1
                 for msg in msgs:
                     if msg.error():
