@@ -14,6 +14,7 @@ from typing import Any
 
 import pandas as pd
 
+from pipeline.gcpause import gc_paused
 from pipeline.policies import PolicyConfig
 from pipeline.records import BLOCK_DDL
 from pipeline.state import Envelope, SessionProcessor, SessionState
@@ -85,27 +86,28 @@ class SessionFunction:
         if self._processor is None:
             self._processor = SessionProcessor(self.policy)
         processor = self._processor
-        now_ms = int(state.getCurrentProcessingTimeMs())
-        consumed = 0
-        if state.hasTimedOut:
-            new, records = processor.expire(SessionState.from_bytes(state.get[0]), now_ms)
-        else:
-            envelopes: list[Envelope] = []
-            for pdf in batches:
-                if len(pdf):
-                    envelopes.extend(envelopes_of(pdf))
-            consumed = len(envelopes)
-            old = SessionState.from_bytes(state.get[0]) if state.exists else None
-            new, records = processor.apply(old, envelopes, now_ms)
-        if new is None:
-            if state.exists:
-                state.remove()
-        else:
-            state.update((new.to_bytes(),))
-            state.setTimeoutDuration(max(1, new.deadline_ms - now_ms))
-        if len(records) or consumed:
-            block = records.to_block() if len(records) else None
-            yield pd.DataFrame({"block": [block], "rows": [len(records)], "messages": [consumed]})
+        with gc_paused():
+            now_ms = int(state.getCurrentProcessingTimeMs())
+            consumed = 0
+            if state.hasTimedOut:
+                new, records = processor.expire(SessionState.from_bytes(state.get[0]), now_ms)
+            else:
+                envelopes: list[Envelope] = []
+                for pdf in batches:
+                    if len(pdf):
+                        envelopes.extend(envelopes_of(pdf))
+                consumed = len(envelopes)
+                old = SessionState.from_bytes(state.get[0]) if state.exists else None
+                new, records = processor.apply(old, envelopes, now_ms)
+            if new is None:
+                if state.exists:
+                    state.remove()
+            else:
+                state.update((new.to_bytes(),))
+                state.setTimeoutDuration(max(1, new.deadline_ms - now_ms))
+            if len(records) or consumed:
+                block = records.to_block() if len(records) else None
+                yield pd.DataFrame({"block": [block], "rows": [len(records)], "messages": [consumed]})
 
 
 def reconstruct(df: Any, policy: PolicyConfig) -> Any:

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import PipelineError
+from pipeline.gcpause import gc_paused
 from pipeline.records import from_blocks
 
 log = logging.getLogger(__name__)
@@ -97,6 +98,10 @@ class BlockWriter:
 
     def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
         """Write the records of this task's blocks; yield (dataset, path, rows) per file."""
+        with gc_paused():
+            yield from self._write(batches)
+
+    def _write(self, batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
         import pyarrow.compute as pc
         import pyarrow.dataset as ds

@@ -54,6 +54,7 @@ from pyspark.sql.types import (
 )
 
 from pipeline.errors import ConfigError, PipelineError
+from pipeline.gcpause import gc_paused
 from pipeline.offsets import (
     EARLIEST,
     LATEST,
@@ -829,8 +830,9 @@ def read_ranges(options: SourceOptions, ranges: Sequence[OffsetRange]) -> Iterat
     tuning = {k: v for k, v in _READ_TUNING.items() if k not in options.kafka.settings}
     consumer = options.kafka.consumer(**tuning, **_READ_REQUIRED)
     try:
-        for group in _rounds(ranges):
-            yield from _read_round(consumer, options, group, schema)
+        with gc_paused():
+            for group in _rounds(ranges):
+                yield from _read_round(consumer, options, group, schema)
     finally:
         consumer.close()
 

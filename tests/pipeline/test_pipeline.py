@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import subprocess
 import sys
@@ -18,6 +19,8 @@ from pipeline.config import PipelineConfig
 from pipeline.errors import IntegrityStopped
 from pipeline.inspect import read_dataset, render, summarize_output
 from pipeline.policies import PolicyConfig
+from pipeline.progress import input_messages
+from pipeline.sinks import committed_batches
 from simulator import FaultConfig
 
 
@@ -62,7 +65,8 @@ def canon(rows: list[dict]) -> list[tuple]:
 def test_a_fault_free_run_is_rebuilt_exactly(spark, kafka, simulate, tmp_path):
     summary, config = simulate(sensors=3, rows=30, duration_s=1.5, session_interval_s=0.5, partitions=2)
     cfg = pipeline_config(kafka, config.topic_prefix, tmp_path)
-    query.run(spark, cfg)
+    status_lines: list[dict] = []
+    query.run(spark, cfg, on_progress=status_lines.append)
 
     truth = {s: t for s, t in truth_sessions(summary.run_dir).items() if t["status"] == "ended"}
     out = sessions_out(cfg.output)
@@ -81,6 +85,13 @@ def test_a_fault_free_run_is_rebuilt_exactly(spark, kafka, simulate, tmp_path):
     assert sum(1 for c in changes if c["op"] != "snapshot") == updates
     text = render(summarize_output(cfg.output), cfg.output)
     assert f"ok                 {len(truth):>8,}" in text
+    # The progress log: one line per committed batch, counting every delivered message once, with the lag.
+    progress = [json.loads(line) for line in cfg.progress_file.read_text().splitlines()]
+    assert [p["batchId"] for p in progress] == committed_batches(cfg.output)
+    delivered = sum(1 for r in ledger(summary.run_dir) if r["delivered"])
+    assert sum(input_messages(p) for p in progress) == delivered
+    assert progress[-1]["sources"][0]["metrics"]["offsetsBehindLatest"] == "0"
+    assert [line["batch"] for line in status_lines] == [p["batchId"] for p in progress]
 
 
 def test_strict_stops_at_the_first_gap_naming_session_and_offsets(spark, kafka, simulate, tmp_path):
