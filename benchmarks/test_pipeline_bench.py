@@ -4,7 +4,8 @@ Run with ``.venv/bin/pytest benchmarks/test_pipeline_bench.py --benchmark-only``
 table (a snapshot) and 5,000 upserts, as the simulator writes them, goes through ``SessionProcessor.apply``
 (decode, sequence checks, table update, canonical row JSON); the second benchmark adds what
 ``pipeline.reconstruct`` does around it in a Python worker: the records' conversion to the Arrow block
-handed back to Spark (``Records.to_block``) and the sink's reading of it (``pipeline.records.from_blocks``).
+handed back to Spark (``Records.to_block``) and the sink's reading of it (``pipeline.records.from_blocks``);
+the third times that round trip alone and records the block's size.
 """
 
 from __future__ import annotations
@@ -68,3 +69,14 @@ def test_processor_plus_conversion_to_an_arrow_block(
 
     block = benchmark(step)
     assert from_blocks([block]).num_rows == ROWS + UPSERTS
+
+
+def test_records_to_an_arrow_block_and_back(
+    benchmark: pytest.FixtureRequest, envelopes: list[Envelope]
+) -> None:
+    """The block alone: what the state function hands Spark and the sink reads back, per session and batch."""
+    _, out = SessionProcessor(PolicyConfig("ordered")).apply(None, envelopes, 10_000)
+    table = benchmark(lambda: from_blocks([out.to_block()]))
+    assert table.num_rows == ROWS + UPSERTS
+    assert table.to_pylist()[-1] == out.rows()[-1]
+    benchmark.extra_info["block_bytes"] = len(out.to_block())

@@ -51,7 +51,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--source", choices=SOURCES, default="sotw-kafka", help="Kafka reader (sotw-kafka)")
     p.add_argument("--master", default="local[2]", help="Spark master (local[2])")
     p.add_argument("--driver-memory", default="2g", help="Spark driver memory (2g)")
-    p.add_argument("--shuffle-partitions", type=int, default=2, help="state partitions, fixed at first start")
+    p.add_argument(
+        "--shuffle-partitions",
+        type=int,
+        default=SparkConfig().shuffle_partitions,
+        help="state partitions, fixed at first start (default %(default)s)",
+    )
     p.add_argument("--spark-ui", action="store_true", help="start the Spark web UI")
     p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="extra Spark setting")
     p.add_argument("--progress", type=Path, default=None, help="progress log (OUTPUT/progress.jsonl)")

@@ -83,31 +83,40 @@ class SessionFunction:
         self, key: tuple[Any, ...], batches: Iterator[pd.DataFrame], state: Any
     ) -> Iterator[pd.DataFrame]:
         """Process one session's rows of this micro-batch (or its timeout) and update its Spark state."""
+        # The group's envelopes and records die with ``_step``'s frame, before the collector is back on, so the
+        # collection that follows does not walk them.
+        with gc_paused():
+            out = self._step(batches, state)
+        if out is not None:
+            yield out
+
+    def _step(self, batches: Iterator[pd.DataFrame], state: Any) -> pd.DataFrame | None:
+        """The group's output row (its record block and counts), or None if it consumed and emitted nothing."""
         if self._processor is None:
             self._processor = SessionProcessor(self.policy)
         processor = self._processor
-        with gc_paused():
-            now_ms = int(state.getCurrentProcessingTimeMs())
-            consumed = 0
-            if state.hasTimedOut:
-                new, records = processor.expire(SessionState.from_bytes(state.get[0]), now_ms)
-            else:
-                envelopes: list[Envelope] = []
-                for pdf in batches:
-                    if len(pdf):
-                        envelopes.extend(envelopes_of(pdf))
-                consumed = len(envelopes)
-                old = SessionState.from_bytes(state.get[0]) if state.exists else None
-                new, records = processor.apply(old, envelopes, now_ms)
-            if new is None:
-                if state.exists:
-                    state.remove()
-            else:
-                state.update((new.to_bytes(),))
-                state.setTimeoutDuration(max(1, new.deadline_ms - now_ms))
-            if len(records) or consumed:
-                block = records.to_block() if len(records) else None
-                yield pd.DataFrame({"block": [block], "rows": [len(records)], "messages": [consumed]})
+        now_ms = int(state.getCurrentProcessingTimeMs())
+        consumed = 0
+        if state.hasTimedOut:
+            new, records = processor.expire(SessionState.from_bytes(state.get[0]), now_ms)
+        else:
+            envelopes: list[Envelope] = []
+            for pdf in batches:
+                if len(pdf):
+                    envelopes.extend(envelopes_of(pdf))
+            consumed = len(envelopes)
+            old = SessionState.from_bytes(state.get[0]) if state.exists else None
+            new, records = processor.apply(old, envelopes, now_ms)
+        if new is None:
+            if state.exists:
+                state.remove()
+        else:
+            state.update((new.to_bytes(),))
+            state.setTimeoutDuration(max(1, new.deadline_ms - now_ms))
+        if not (len(records) or consumed):
+            return None
+        block = records.to_block() if len(records) else None
+        return pd.DataFrame({"block": [block], "rows": [len(records)], "messages": [consumed]})
 
 
 def reconstruct(df: Any, policy: PolicyConfig) -> Any:

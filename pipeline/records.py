@@ -91,15 +91,34 @@ BLOCK_DDL = "`block` binary, `rows` bigint, `messages` bigint"
 ``rows`` counts the block's records and ``messages`` the Kafka messages the call consumed (with packed input
 Spark's ``numInputRows`` counts packed rows, so this is where the batch's message count comes from).
 
-A block is an Arrow IPC stream of ``ARROW_SCHEMA`` (``to_block``/``from_blocks``). Handing Spark one row per
+A block is an Arrow IPC stream of ``ARROW_SCHEMA``'s columns, or only of those a change uses when it holds only
+changes (``to_block``/``from_blocks``). Handing Spark one row per
 session instead of one per change avoids converting every record through pandas and the JVM's row format
 twice; the sink writes the blocks' records to Parquet with Arrow directly.
 """
 
 
-def from_blocks(blocks: Iterable[bytes]) -> pa.Table:
-    """The records of any number of blocks as one Arrow table (``ARROW_SCHEMA``; empty if no blocks)."""
-    tables = [pa.ipc.open_stream(block).read_all() for block in blocks]
+_CHANGES_ONLY = pa.schema(
+    [ARROW_SCHEMA.field(name) for name in COLUMNS if name == "record" or name in CHANGE_COLUMNS]
+)
+"""The schema of a block that holds only changes (most blocks): the columns a change leaves null are left out."""
+
+
+def _with_every_column(table: pa.Table) -> pa.Table:
+    """``table`` with ``ARROW_SCHEMA``'s columns in order, null columns added for those a block left out."""
+    if table.schema.equals(ARROW_SCHEMA):
+        return table
+    n, present = table.num_rows, set(table.column_names)
+    columns = [table[f.name] if f.name in present else pa.nulls(n, f.type) for f in ARROW_SCHEMA]
+    return pa.Table.from_arrays(columns, schema=ARROW_SCHEMA)
+
+
+def from_blocks(blocks: Iterable[Any]) -> pa.Table:
+    """The records of any number of blocks (bytes or Arrow buffers) as one table of ``ARROW_SCHEMA``.
+
+    Empty if there are no blocks; columns a block left out (``to_block``) come back as nulls.
+    """
+    tables = [_with_every_column(pa.ipc.open_stream(block).read_all()) for block in blocks]
     return pa.concat_tables(tables) if tables else ARROW_SCHEMA.empty_table()
 
 
@@ -220,12 +239,21 @@ class Records:
         return [r for r in self.rows() if r["record"] == record]
 
     def to_arrow(self) -> pa.Table:
-        """All records as one Arrow table of ``ARROW_SCHEMA``, changes first, built column by column."""
+        """All records as one Arrow table of ``ARROW_SCHEMA``, changes first, built column by column.
+
+        With only changes (the usual case) the table has just the columns a change uses (``record`` and
+        ``CHANGE_COLUMNS``): the other 24 would be all null, and their buffers would more than double the
+        block that travels to the JVM and back. ``from_blocks`` restores them.
+        """
         n_changes, n = len(self.changes), len(self)
         by_name: dict[str, Any] = {}
         if n_changes:
             by_name = dict(zip(CHANGE_COLUMNS, zip(*self.changes, strict=True), strict=True))
             by_name["record"] = ["change"] * n_changes
+        if not self.others:
+            return pa.Table.from_arrays(
+                [pa.array(by_name.get(f.name, []), f.type) for f in _CHANGES_ONLY], schema=_CHANGES_ONLY
+            )
         others = self.others
         columns = []
         for name, typ in zip(COLUMNS, ARROW_SCHEMA.types, strict=True):
@@ -241,9 +269,9 @@ class Records:
         return pa.Table.from_arrays(columns, schema=ARROW_SCHEMA)
 
     def to_block(self) -> bytes:
-        """The records as one block (an Arrow IPC stream; see ``BLOCK_DDL``)."""
+        """The records as one block (an Arrow IPC stream of ``to_arrow``'s table; see ``BLOCK_DDL``)."""
         table = self.to_arrow()
         sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, ARROW_SCHEMA) as writer:
+        with pa.ipc.new_stream(sink, table.schema) as writer:
             writer.write_table(table)
         return bytes(sink.getvalue())

@@ -107,10 +107,11 @@ class BlockWriter:
         import pyarrow.dataset as ds
         from pyspark import TaskContext
 
-        blocks: list[bytes] = []
+        blocks: list[Any] = []
         messages = 0
         for batch in batches:
-            blocks.extend(b for b in batch.column("block").to_pylist() if b is not None)
+            # Arrow buffers over the batch's memory: a block is read where it lies, not copied to bytes first.
+            blocks.extend(b.as_buffer() for b in batch.column("block") if b.is_valid)
             messages += pc.sum(batch.column("messages")).as_py() or 0
         schema = pa.schema(
             [("dataset", pa.string()), ("path", pa.string()), ("rows", pa.int64()), ("messages", pa.int64())]

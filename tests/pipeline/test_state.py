@@ -5,11 +5,12 @@ from __future__ import annotations
 import random
 from typing import Any
 
+import pyarrow as pa
 import pytest
 
 from pipeline.errors import ConfigError, IntegrityViolation
 from pipeline.policies import PolicyConfig
-from pipeline.records import COLUMNS, Records
+from pipeline.records import ARROW_SCHEMA, CHANGE_COLUMNS, COLUMNS, Records, from_blocks
 from pipeline.state import Envelope, SessionProcessor, SessionState
 from sotw.wire import encode_end, encode_snapshot, encode_update, table_digest
 
@@ -498,3 +499,17 @@ def test_the_fast_path_for_plain_updates_gives_exactly_what_the_per_message_path
                 outcome = (str(exc), rows)
             results.append(outcome)
         assert results[0] == results[1]
+
+
+def test_a_block_of_changes_only_leaves_out_the_null_columns_and_reads_back_whole() -> None:
+    envs = envelopes(typical().values)
+    _, changes_only = run("ordered", envs[:3])
+    _, mixed = run("ordered", [envs[0], envs[2], envs[1]._replace(value=b"x")])
+    assert {r["record"] for r in changes_only.rows()} == {"change"}
+    # Only the columns a change uses, in the output's column order.
+    assert changes_only.to_arrow().column_names == [
+        c for c in COLUMNS if c == "record" or c in CHANGE_COLUMNS
+    ]
+    table = from_blocks([changes_only.to_block(), pa.py_buffer(mixed.to_block())])
+    assert table.schema == ARROW_SCHEMA
+    assert table.to_pylist() == changes_only.rows() + mixed.rows()
