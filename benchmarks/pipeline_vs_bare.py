@@ -192,6 +192,29 @@ def cpu_by_kind(
     return out
 
 
+def state_partition_load(spark: Any, changes: Path, partitions: int) -> list[dict[str, int]]:
+    """Sessions and changes per state partition, as Spark's shuffle placed them (not timed).
+
+    The stateful stage lasts as long as its busiest task, and a session's partition is fixed by the hash of
+    its key, so a few sessions can load one partition far more than the other: this shows how far.
+    Spark's shuffle uses ``pmod(murmur3(key), partitions)``, which is what SQL ``hash`` computes.
+    """
+    rows = (
+        spark.read.parquet(str(changes))
+        .groupBy("session")
+        .count()
+        .selectExpr(f"pmod(hash(cast(session as binary)), {partitions}) as part", "count")
+        .groupBy("part")
+        .agg({"*": "count", "count": "sum"})
+        .collect()
+    )
+    found = {r["part"]: (r["count(1)"], r["sum(count)"]) for r in rows}
+    return [
+        {"partition": p, "sessions": found.get(p, (0, 0))[0], "changes": found.get(p, (0, 0))[1]}
+        for p in range(partitions)
+    ]
+
+
 def pipeline(
     spark: Any, kafka: KafkaConfig, prefix: str, total: int, args: argparse.Namespace
 ) -> dict[str, Any]:
@@ -238,6 +261,7 @@ def pipeline(
     changes = sum(
         json.loads(p.read_text())["rows"]["changes"] for p in (config.output / "_commits").glob("*.json")
     )
+    load = state_partition_load(spark, config.output / "changes", args.shuffle_partitions)
     shutil.rmtree(work, ignore_errors=True)
     if rows != total:
         raise SystemExit(f"pipeline read {rows} messages, the backlog has {total}")
@@ -249,6 +273,7 @@ def pipeline(
         "rate_after_first_batch": later_rate,
         "first_batch_ms": batches[0]["ms"] if batches else None,
         "changes_written": changes,
+        "state_partitions": load,
         "peak_rss_bytes": mem.peak,
         "peak_rss_parts": mem.peak_parts,
         "cpu_s": cpu,
@@ -342,6 +367,13 @@ def main(argv: list[str] | None = None) -> int:
     if best_after:
         print(f"{'pipeline after the first batch':34}{best_after:14,.0f}{statistics.median(afters):14,.0f}")
     print(f"{'ratio pipeline / bare':34}{ratio:14.2f}")
+    spread = results["pipeline"][-1]["state_partitions"]
+    busiest = max(part["changes"] for part in spread) / max(1, sum(part["changes"] for part in spread))
+    print(
+        "state partitions (sessions / changes): "
+        + ", ".join(f"{part['sessions']} / {part['changes']:,}" for part in spread)
+        + f"; the busiest holds {busiest:.0%} of the changes (even: {1 / len(spread):.0%})"
+    )
     print(f"{'peak RSS of the process tree':34}{peak / 2**20:11,.0f} MiB (driver + JVM + Python workers)")
     print(
         f"{results['messages']:,} messages, {args.sensors} topics x {args.partitions} partitions, "
