@@ -27,6 +27,14 @@ class SparkConfig:
         ``spark.sql.shuffle.partitions``: the number of state-store partitions of the stateful step.
     ui
         Start the Spark web UI.
+    driver_java_options
+        JVM options of the driver (with ``local[...]``, the JVM that runs the tasks too), placed before any
+        ``spark.driver.extraJavaOptions`` in ``extra``, so those win where they overlap. The default stops
+        the JIT at its first tier (C1). A micro-batch runs Spark's planner and task set-up once, so thousands
+        of driver methods stay lukewarm for hundreds of batches and the optimizing compiler (C2) never
+        settles: over 150 s of small triggers it took 20-65 % of a core throughout, half the JVM's CPU on
+        two cores. C1 alone halved the JVM's CPU per message on small triggers and cost nothing on large
+        batches (docs/benchmarks.md, stop 10). It only applies to a JVM that this call starts.
     extra
         Any other Spark settings, passed through unchanged.
     """
@@ -35,6 +43,7 @@ class SparkConfig:
     driver_memory: str = "2g"
     shuffle_partitions: int = 2
     ui: bool = False
+    driver_java_options: str = "-XX:TieredStopAtLevel=1"
     extra: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -42,6 +51,16 @@ class SparkConfig:
             raise ValueError(f"shuffle_partitions must be at least 1, got {self.shuffle_partitions}")
         if not self.master:
             raise ValueError("master must not be empty")
+
+
+def driver_java_options(cfg: SparkConfig) -> str:
+    """``cfg.driver_java_options`` followed by any ``spark.driver.extraJavaOptions`` of ``cfg.extra``.
+
+    The JVM takes the last of repeated options, so a user's ``--conf spark.driver.extraJavaOptions=...``
+    adds to the default or overrides it (``-XX:TieredStopAtLevel=4`` restores the full JIT).
+    """
+    user = cfg.extra.get("spark.driver.extraJavaOptions", "")
+    return " ".join(opts for opts in (cfg.driver_java_options, user) if opts)
 
 
 def build_session(config: SparkConfig | None = None, app_name: str = "sotw") -> Any:
@@ -66,7 +85,11 @@ def build_session(config: SparkConfig | None = None, app_name: str = "sotw") -> 
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.python.worker.reuse", "true")
     )
-    for key, value in cfg.extra.items():
+    settings = dict(cfg.extra)
+    java_options = driver_java_options(cfg)
+    if java_options:
+        settings["spark.driver.extraJavaOptions"] = java_options
+    for key, value in settings.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
