@@ -208,11 +208,8 @@ def state_partition_load(spark: Any, changes: Path, partitions: int) -> list[dic
         .agg({"*": "count", "count": "sum"})
         .collect()
     )
-    found = {r["part"]: (r["count(1)"], r["sum(count)"]) for r in rows}
-    return [
-        {"partition": p, "sessions": found.get(p, (0, 0))[0], "changes": found.get(p, (0, 0))[1]}
-        for p in range(partitions)
-    ]
+    found = {r["part"]: {"sessions": r["count(1)"], "changes": r["sum(count)"]} for r in rows}
+    return [{"partition": p, **found.get(p, {"sessions": 0, "changes": 0})} for p in range(partitions)]
 
 
 def pipeline(

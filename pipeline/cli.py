@@ -49,13 +49,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--discovery-interval", default="5s", help="how often new topics are looked for (5s)")
     p.add_argument("--source", choices=SOURCES, default="sotw-kafka", help="Kafka reader (sotw-kafka)")
-    p.add_argument("--master", default="local[2]", help="Spark master (local[2])")
-    p.add_argument("--driver-memory", default="2g", help="Spark driver memory (2g)")
+    spark = SparkConfig()
+    p.add_argument("--master", default=spark.master, help="Spark master (%(default)s)")
+    p.add_argument("--driver-memory", default=spark.driver_memory, help="Spark driver memory (%(default)s)")
     p.add_argument(
         "--shuffle-partitions",
         type=int,
-        default=SparkConfig().shuffle_partitions,
-        help="state partitions, fixed at first start (default %(default)s)",
+        default=spark.shuffle_partitions,
+        help="state partitions, fixed at first start (%(default)s)",
     )
     p.add_argument("--spark-ui", action="store_true", help="start the Spark web UI")
     p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="extra Spark setting")
