@@ -33,7 +33,6 @@ class Session:
         "hi",
         "closed",
         "fifo",
-        "push",
         "on_delivery",
         "templates",
         "heads",
@@ -60,7 +59,6 @@ class Session:
         self.hi = -1  # highest seq sent in order (delayed messages wait until a later one went out)
         self.closed = False
         self.fifo = fifo
-        self.push = fifo.append  # bound once: the hot loop records every message's ledger row with it
         self.on_delivery = cb
         self.templates = wire.update_templates(sensor, sid)
         # The templates up to the row, by op (upsert, delete): the block encoder appends each row's own.

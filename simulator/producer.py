@@ -48,7 +48,7 @@ from simulator.faults import (
 )
 from simulator.fleet import Fleet, Sensor, Session
 from simulator.ledger import END, KIND_NAMES, SNAPSHOT, UPDATE, Ledger
-from simulator.model import STATUSES
+from simulator.model import STATUSES, stable_order
 from simulator.truth import Truth
 from sotw import wire
 from sotw.broker import wait_for_kafka
@@ -62,11 +62,19 @@ _NO_SESSION = Session(-1, "", "-", "", -1, deque(), None, 0)
 _STATUS_JSON = np.array([wire.encode_row(s) for s in STATUSES], dtype=object)
 
 Clock = Callable[[], float]
+
 MAX_BLOCK = 8192
 BLOCK_SPAN_S = 0.1
 SEAL_EVERY_S = 0.5
 SEAL_ROWS = 250_000
 MIN_RUN = 48  # shorter runs of fast-path messages go one by one: ``_fast`` has a fixed cost of ~100 us
+
+
+def _objects(items: list[Any]) -> np.ndarray:
+    """A 1-D object array of ``items`` as they are (``np.array`` would turn a list of tuples into 2-D)."""
+    out = np.empty(len(items), dtype=object)
+    out[:] = items
+    return out
 
 
 @dataclass(frozen=True)
@@ -166,12 +174,20 @@ class RunSummary:
 class _Run:
     """A planned run of updates: one entry per message, in schedule order (see ``Simulator._fast``)."""
 
-    sessions: list[Session]
-    seqs: list[int]
+    sessions: list[Session]  # by index into the block's active sensors
+    sidx: np.ndarray  # each message's index into ``sessions``
+    seqs: np.ndarray
     codes: np.ndarray
     tsm: list[int]
+    tsm_a: np.ndarray  # ``tsm`` as an array, for the ledger block
     values: list[bytes]
     digests: bytes
+    # Each session's topic, key, partition and delivery callback, as object arrays indexed like ``sessions``:
+    # a stretch's per-message argument lists come from one take each, not from attribute reads per message.
+    topics: np.ndarray
+    keys: np.ndarray
+    partitions: np.ndarray
+    callbacks: np.ndarray
 
 
 def _versions() -> dict[str, str]:
@@ -464,7 +480,8 @@ class Simulator:
             n = int(ts.size)
             if n == 0:
                 break
-            tsm = np.floor(ts * 1000.0).astype(np.int64).tolist()
+            tsm_a = np.floor(ts * 1000.0).astype(np.int64)
+            tsm = tsm_a.tolist()
             # Churn happens at block boundaries, at the block's first intended time.
             joins, leaving = fleet.churn(float(ts[-1] - sched))
             for sensor in leaving:
@@ -490,11 +507,9 @@ class Simulator:
                 self._edges_key = key
             band, abandon, dmean, dcap = edges
             codes = decide(u[0], band[sidx]).tolist() if band[:, -1].any() else [NONE] * n
-            delays = np.minimum(-np.log1p(-u[3]) * dmean[sidx], dcap[sidx]).astype(np.int64).tolist()
-            abandon_l = abandon[sidx].tolist()
-            uf, uop, urow, zl = u[0].tolist(), u[1], u[2], z
-            uop_l, urow_l, z_l = uop.tolist(), urow.tolist(), zl.tolist()
-            tsm_a = np.asarray(tsm, dtype=np.int64)
+            # Kept as arrays: only faulty messages and the per-message path read single entries of these.
+            delays = np.minimum(-np.log1p(-u[3]) * dmean[sidx], dcap[sidx]).astype(np.int64)
+            uf, uop, urow, zl = u[0], u[1], u[2], z
             last_t = float(ts[-1])
             del ts
 
@@ -515,6 +530,7 @@ class Simulator:
                         active,
                         sidx[pos:cut],
                         tsm[pos:cut],
+                        tsm_a[pos:cut],
                         uop[pos:cut],
                         urow[pos:cut],
                         zl[pos:cut],
@@ -529,7 +545,15 @@ class Simulator:
                     s = active[int(sidx[j])]
                     session = s.session
                     self._one(
-                        s, tsm[j], codes[j], uop_l[j], urow_l[j], z_l[j], uf[j], delays[j], abandon_l[j]
+                        s,
+                        tsm[j],
+                        codes[j],
+                        float(uop[j]),
+                        float(urow[j]),
+                        float(zl[j]),
+                        float(uf[j]),
+                        int(delays[j]),
+                        float(abandon[sidx[j]]),
                     )
                     sessions_changed = s.session is not session
                     pos += 1
@@ -597,12 +621,13 @@ class Simulator:
         active: list[Sensor],
         sidx: np.ndarray,
         tsm: list[int],
+        tsm_a: np.ndarray,
         u_op: np.ndarray,
         u_row: np.ndarray,
         z: np.ndarray,
         codes: list[int],
-        uf: list[float],
-        delays: list[int],
+        uf: np.ndarray,
+        delays: np.ndarray,
     ) -> None:
         """Plan and send a run of updates inside their sessions, with per-run rather than per-message work.
 
@@ -621,7 +646,7 @@ class Simulator:
         sessions: list[Session] = [s.session or none for s in active]
         b = store.update_block(np.array([s.table.index for s in active])[sidx], u_op, u_row, z)
         # Each sensor's seqs continue from its session's; its messages keep their order.
-        order = np.argsort(sidx, kind="stable")
+        order = stable_order(sidx)
         ss = sidx[order]
         first = np.ones(m, dtype=bool)
         first[1:] = ss[1:] != ss[:-1]
@@ -640,7 +665,7 @@ class Simulator:
         holes, numeric = store.holes, store.numeric
         args = np.empty((m, 2 + len(holes)), dtype=object)
         args[:, 0] = seqs
-        args[:, 1] = tsm
+        args[:, 1] = tsm_a
         if numeric:
             frags = np.array(wire.encode_floats(b.values.ravel()), dtype=object).reshape(m, len(numeric))
         for j, col in enumerate(holes):
@@ -651,12 +676,18 @@ class Simulator:
         sha256 = hashlib.sha256
         digests = b"".join([sha256(v).digest() for v in values])
         run = _Run(
-            sessions=[sessions[q] for q in sidx.tolist()],
-            seqs=seqs.tolist(),
+            sessions=sessions,
+            sidx=sidx,
+            seqs=seqs,
             codes=np.array([sess.code for sess in sessions], dtype=np.int32)[sidx],
             tsm=tsm,
+            tsm_a=tsm_a,
             values=values,
             digests=digests,
+            topics=_objects([sess.topic for sess in sessions]),
+            keys=_objects([sess.key for sess in sessions]),
+            partitions=_objects([sess.partition for sess in sessions]),
+            callbacks=_objects([sess.on_delivery for sess in sessions]),
         )
         faults = [j for j, c in enumerate(codes) if c] if any(codes) else []
         heap = self._heap
@@ -675,8 +706,10 @@ class Simulator:
             if heap and heap[0][0] <= tsm[i]:
                 self._release(tsm[i])
             if i == nxt:
-                sess = run.sessions[i]
-                self._fault(sess, run.seqs[i], UPDATE, codes[i], tsm[i], values[i], delays[i], uf[i])
+                sess = sessions[sidx[i]]
+                self._fault(
+                    sess, int(seqs[i]), UPDATE, codes[i], tsm[i], values[i], int(delays[i]), float(uf[i])
+                )
                 i += 1
                 f += 1
 
@@ -685,28 +718,33 @@ class Simulator:
         ledger = self._ledger
         assert ledger is not None
         base = ledger.next_index
-        sessions = run.sessions[i:j]
-        # Reports of a session come in produce order, so its FIFO may take the rows before producing.
-        for sess, row in zip(sessions, range(base, base + j - i), strict=True):
-            sess.push(row)
-        seqs = run.seqs[i:j]
-        # The last seq of each session in the stretch is its highest sent in order.
-        for sess, seq in dict(zip(sessions, seqs, strict=True)).items():
-            sess.hi = seq
+        sidx, seqs = run.sidx[i:j], run.seqs[i:j]
+        # Reports of a session come in produce order, so its FIFO may take the rows before producing: per
+        # session, its rows of the stretch in order (a stable sort by session), and its last seq is its
+        # highest sent in order.
+        order = stable_order(sidx)
+        by = sidx[order]
+        starts = np.flatnonzero(np.r_[True, by[1:] != by[:-1]]).tolist()
+        rows = (order + base).tolist()
+        last = seqs[order].tolist()
+        for a, b in zip(starts, [*starts[1:], len(rows)], strict=True):
+            sess = run.sessions[by[a]]
+            sess.fifo.extend(rows[a:b])
+            sess.hi = last[b - 1]
         sent = self._produce_run(
-            [sess.topic for sess in sessions],
+            run.topics[sidx].tolist(),
             run.values[i:j],
-            [sess.key for sess in sessions],
-            [sess.partition for sess in sessions],
-            [sess.on_delivery for sess in sessions],
+            run.keys[sidx].tolist(),
+            run.partitions[sidx].tolist(),
+            run.callbacks[sidx].tolist(),
             run.tsm[i:j],
         )
         ledger.add_block(
             run.codes[i:j],
-            np.array(seqs),
+            seqs,
             UPDATE,
             NONE,
-            np.array(run.tsm[i:j]),
+            run.tsm_a[i:j],
             sent,
             run.digests[32 * i : 32 * j],
         )
