@@ -84,6 +84,8 @@ def build_session(config: SparkConfig | None = None, app_name: str = "sotw") -> 
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.python.worker.reuse", "true")
+        # Workers forked with pyspark, pandas, pyarrow and sotw already imported (pipeline/pydaemon.py).
+        .config("spark.python.daemon.module", "pipeline.pydaemon")
     )
     settings = dict(cfg.extra)
     java_options = driver_java_options(cfg)

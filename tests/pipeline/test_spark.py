@@ -1,9 +1,16 @@
-"""The SparkSession sotw builds: its JVM settings reach the JVM, and a user's own options add to them."""
+"""The SparkSession sotw builds: its JVM settings reach the JVM, a user's own options add to them, and its
+Python workers start from sotw's daemon with pyspark imported from the installed package."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import pandas as pd
+import pyspark
+
+from pipeline.pydaemon import installed_beside
 from pipeline.spark import SparkConfig, driver_java_options
 
 
@@ -21,3 +28,36 @@ def test_a_users_extra_java_options_come_after_the_default_so_they_win() -> None
     assert driver_java_options(SparkConfig(driver_java_options="", extra=user.extra)) == (
         "-XX:TieredStopAtLevel=4 -Dsite=lab"
     )
+
+
+def test_python_workers_import_the_installed_pyspark_not_its_zip(spark: Any) -> None:
+    def worker_facts(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        import sys
+
+        import pyspark
+
+        for _ in batches:
+            yield pd.DataFrame({"pyspark": [pyspark.__file__], "daemon": [" ".join(sys.argv)]})
+
+    rows = spark.range(2, numPartitions=2).mapInPandas(worker_facts, "pyspark string, daemon string")
+    facts = rows.collect()
+    assert facts
+    for row in facts:
+        # Forked from sotw's daemon, which put the installed package (with its compiled bytecode) first.
+        assert "pipeline.pydaemon" in row.daemon or "pipeline/pydaemon.py" in row.daemon
+        assert row.pyspark == pyspark.__file__
+        assert ".zip" not in row.pyspark
+
+
+def test_only_zips_shipped_inside_an_installed_pyspark_are_dropped(tmp_path: Path) -> None:
+    lib = Path(pyspark.__file__).parent / "python" / "lib"
+    zips = sorted(str(p) for p in lib.glob("*.zip"))
+    assert any(z.endswith("pyspark.zip") for z in zips) and any("py4j-" in z for z in zips)
+    assert all(installed_beside(z) for z in zips)
+    # A Spark distribution's SPARK_HOME/python/lib, with no package beside it, keeps its zips.
+    home = tmp_path / "spark-4.0.0-bin" / "python" / "lib"
+    home.mkdir(parents=True)
+    for name in ("pyspark.zip", "py4j-0.10.9.9-src.zip"):
+        (home / name).write_bytes(b"")
+        assert not installed_beside(str(home / name))
+    assert not installed_beside(str(Path(pyspark.__file__).parent))  # not a zip
