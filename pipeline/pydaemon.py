@@ -18,6 +18,7 @@ import is reported on stderr and left to the worker, as before.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import importlib
 import os
@@ -63,11 +64,13 @@ def installed_beside(entry: str) -> bool:
 def prepare() -> None:
     """Import pyspark from the installed package and preload the workers' modules (see the module doc)."""
     sys.path[:] = [p for p in sys.path if not installed_beside(p)]
-    for name in PRELOAD:
-        try:
-            importlib.import_module(name)
-        except Exception as exc:  # noqa: BLE001 - the worker imports it itself and reports a real error
-            print(f"sotw: not preloading {name} in the Python daemon: {exc!r}", file=sys.stderr)
+    # The daemon tells the JVM its port on stdout: nothing an import prints may go there first.
+    with contextlib.redirect_stdout(sys.stderr):
+        for name in PRELOAD:
+            try:
+                importlib.import_module(name)
+            except Exception as exc:  # noqa: BLE001 - the worker imports it itself and reports a real error
+                print(f"sotw: not preloading {name} in the Python daemon: {exc!r}", file=sys.stderr)
     gc.collect()
     gc.freeze()
 
