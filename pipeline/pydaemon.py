@@ -4,16 +4,20 @@ Spark starts one daemon per executor (``python -m pyspark.daemon``) and forks a 
 that needs Python and finds no idle worker. Each fresh worker then imports ``pyspark.worker``, pandas,
 pyarrow and sotw's modules on its own, and for a pip-installed PySpark it imports pyspark from
 ``pyspark/python/lib/pyspark.zip``, which Spark puts first on the workers' ``PYTHONPATH``: Python cannot
-cache bytecode for a zip, so every fresh worker compiles pyspark's modules from source (about 0.9 CPU s
-against 0.3 s from the installed package). A query's first micro-batch starts several workers at once on
-two cores, so this is most of the extra Python time of a first batch (docs/benchmarks.md, stop 11).
+cache bytecode for a zip, so every fresh worker compiles pyspark's modules from source (importing
+``pyspark.worker`` and PySpark's pandas modules took 1.0-1.1 CPU s from the zip against 0.2-0.3 s from the
+installed package). A query's first micro-batch starts several workers at once on two cores, so this was
+most of the extra Python time of a first batch (docs/benchmarks.md, stop 11).
 
-``build_session`` sets ``spark.python.daemon.module`` to this module. It drops the zips from ``sys.path`` when
-the same pyspark (and py4j) is installed beside them (a pip install ships the zip inside the package, so
-both are one version), imports what the workers import, freezes those objects out of the garbage
-collector's view (``gc.freeze``, so collections in the workers do not walk them and their pages stay
-shared), and then runs PySpark's own daemon unchanged. Preloading is best effort: a module that fails to
-import is reported on stderr and left to the worker, as before.
+``build_session`` sets ``spark.python.daemon.module`` to this module (``--conf
+spark.python.daemon.module=pyspark.daemon`` turns it off). It drops the zips from ``sys.path`` when this
+interpreter has the packages themselves installed beside them on its path (a pip install ships the zips
+inside the pyspark package), imports what the workers import, freezes those objects out of the garbage
+collector's view (``gc.freeze``: collections in the workers do not walk them) and then runs PySpark's own
+daemon unchanged. Preloading is best effort: a module that fails to import is reported on stderr and left
+to the worker, as before. It runs on Linux only: after it the daemon has threads (OpenBLAS's, from numpy,
+and jemalloc's, from pyarrow) when it forks, which both libraries handle with fork handlers on Linux; other
+systems keep PySpark's import-after-fork.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ PRELOAD = (
     "pyspark.sql.pandas.serializers",
     "pyspark.sql.pandas.types",
     "pyspark.sql.conversion",
-    "pyspark.sql.worker.plan_data_source_read",
+    "pyspark.sql.worker.plan_data_source_read",  # its reader function runs the source's read tasks here
     "pandas",
     "pyarrow",
     "pyarrow.parquet",
@@ -41,13 +45,14 @@ PRELOAD = (
 )
 
 
-def installed_beside(entry: str) -> bool:
+def installed_beside(entry: str, path: list[str] | None = None) -> bool:
     """True if ``entry`` is a zip inside an installed package whose own directory Python can import instead.
 
     A pip-installed PySpark keeps ``.../site-packages/pyspark/python/lib/pyspark.zip`` and
     ``.../py4j-<version>-src.zip``; the packages themselves are ``.../site-packages/pyspark`` and
-    ``.../site-packages/py4j``.
+    ``.../site-packages/py4j``. ``path`` is the import path to check against (default ``sys.path``).
     """
+    path = sys.path if path is None else path
     if not entry.endswith(".zip"):
         return False
     name = os.path.basename(entry)
@@ -56,21 +61,37 @@ def installed_beside(entry: str) -> bool:
         return False
     lib = os.path.dirname(entry)
     site = os.path.dirname(os.path.dirname(os.path.dirname(lib)))  # .../site-packages
-    return os.path.basename(os.path.dirname(os.path.dirname(lib))) == "pyspark" and os.path.isfile(
-        os.path.join(site, package, "__init__.py")
+    # The zip must sit in an installed pyspark, and that installation must be the one this interpreter
+    # imports once the zip is gone (a PYSPARK_PYTHON from another environment keeps its zips).
+    on_path = {os.path.realpath(p) for p in path if p and not p.endswith(".zip")}
+    return (
+        os.path.basename(os.path.dirname(os.path.dirname(lib))) == "pyspark"
+        and os.path.isfile(os.path.join(site, package, "__init__.py"))
+        and os.path.realpath(site) in on_path
     )
 
 
 def prepare() -> None:
     """Import pyspark from the installed package and preload the workers' modules (see the module doc)."""
     sys.path[:] = [p for p in sys.path if not installed_beside(p)]
-    # The daemon tells the JVM its port on stdout: nothing an import prints may go there first.
-    with contextlib.redirect_stdout(sys.stderr):
-        for name in PRELOAD:
-            try:
-                importlib.import_module(name)
-            except Exception as exc:  # noqa: BLE001 - the worker imports it itself and reports a real error
-                print(f"sotw: not preloading {name} in the Python daemon: {exc!r}", file=sys.stderr)
+    if sys.platform != "linux":
+        return
+    # The daemon tells the JVM its port on stdout: nothing an import prints, from Python or from C, may
+    # go there first.
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            for name in PRELOAD:
+                try:
+                    importlib.import_module(name)
+                except Exception as exc:  # noqa: BLE001 - the worker imports it itself and reports it
+                    print(f"sotw: not preloading {name} in the Python daemon: {exc!r}", file=sys.stderr)
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
     gc.collect()
     gc.freeze()
 

@@ -3,6 +3,7 @@ Python workers start from sotw's daemon with pyspark imported from the installed
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -49,15 +50,18 @@ def test_python_workers_import_the_installed_pyspark_not_its_zip(spark: Any) -> 
         assert ".zip" not in row.pyspark
 
 
-def test_only_zips_shipped_inside_an_installed_pyspark_are_dropped(tmp_path: Path) -> None:
+def test_only_zips_shipped_inside_the_pyspark_this_python_imports_are_dropped(tmp_path: Path) -> None:
     lib = Path(pyspark.__file__).parent / "python" / "lib"
     zips = sorted(str(p) for p in lib.glob("*.zip"))
     assert any(z.endswith("pyspark.zip") for z in zips) and any("py4j-" in z for z in zips)
     assert all(installed_beside(z) for z in zips)
+    # The same installation, but not on this interpreter's path (a PYSPARK_PYTHON of another environment).
+    elsewhere = [p for p in sys.path if Path(p).resolve() != Path(pyspark.__file__).parent.parent.resolve()]
+    assert not any(installed_beside(z, elsewhere) for z in zips)
     # A Spark distribution's SPARK_HOME/python/lib, with no package beside it, keeps its zips.
     home = tmp_path / "spark-4.0.0-bin" / "python" / "lib"
     home.mkdir(parents=True)
     for name in ("pyspark.zip", "py4j-0.10.9.9-src.zip"):
         (home / name).write_bytes(b"")
-        assert not installed_beside(str(home / name))
+        assert not installed_beside(str(home / name), [*sys.path, str(tmp_path)])
     assert not installed_beside(str(Path(pyspark.__file__).parent))  # not a zip

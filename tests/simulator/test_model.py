@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from simulator.model import STATUSES, SensorTable, TableStore
+from simulator.model import STATUSES, SensorTable, TableStore, stable_order
 from sotw import wire
 
 
@@ -55,3 +55,11 @@ def test_inserts_and_deletes_keep_the_table_near_its_size_with_fresh_ids_and_val
         assert row["id"] == rid and row["status"] in STATUSES and row["name"].endswith(f"-{rid}")
         assert row["value"] == round(row["value"], 3)
     assert table.snapshot_rows() == [rows[i] for i in sorted(rows)]
+
+
+@pytest.mark.parametrize("high", [1, 24, 65_535, 65_536, 10**9])
+def test_stable_order_is_numpys_stable_argsort_for_small_and_large_values(high: int) -> None:
+    rng = np.random.default_rng(high)
+    for size in (0, 1, 7, 8192):
+        a = rng.integers(0, high + 1, size)
+        assert np.array_equal(stable_order(a), np.argsort(a, kind="stable"))
