@@ -22,7 +22,6 @@ systems keep PySpark's import-after-fork.
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import importlib
 import os
@@ -82,14 +81,13 @@ def prepare() -> None:
     saved = os.dup(1)
     os.dup2(2, 1)
     try:
-        with contextlib.redirect_stdout(sys.stderr):
-            for name in PRELOAD:
-                try:
-                    importlib.import_module(name)
-                except Exception as exc:  # noqa: BLE001 - the worker imports it itself and reports it
-                    print(f"sotw: not preloading {name} in the Python daemon: {exc!r}", file=sys.stderr)
+        for name in PRELOAD:
+            try:
+                importlib.import_module(name)
+            except Exception as exc:  # noqa: BLE001 - the worker imports it itself and reports it
+                print(f"sotw: not preloading {name} in the Python daemon: {exc!r}", file=sys.stderr)
     finally:
-        sys.stdout.flush()
+        sys.stdout.flush()  # what Python buffered meanwhile still goes to stderr
         os.dup2(saved, 1)
         os.close(saved)
     gc.collect()

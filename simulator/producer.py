@@ -70,13 +70,6 @@ SEAL_ROWS = 250_000
 MIN_RUN = 48  # shorter runs of fast-path messages go one by one: ``_fast`` has a fixed cost of ~100 us
 
 
-def _objects(items: list[Any]) -> np.ndarray:
-    """A 1-D object array of ``items`` as they are (``np.array`` would turn a list of tuples into 2-D)."""
-    out = np.empty(len(items), dtype=object)
-    out[:] = items
-    return out
-
-
 @dataclass(frozen=True)
 class SimulatorStats:
     """Cumulative counters of a run, safe to sample from another thread once a second.
@@ -684,10 +677,10 @@ class Simulator:
             tsm_a=tsm_a,
             values=values,
             digests=digests,
-            topics=_objects([sess.topic for sess in sessions]),
-            keys=_objects([sess.key for sess in sessions]),
-            partitions=_objects([sess.partition for sess in sessions]),
-            callbacks=_objects([sess.on_delivery for sess in sessions]),
+            topics=np.array([sess.topic for sess in sessions], dtype=object),
+            keys=np.array([sess.key for sess in sessions], dtype=object),
+            partitions=np.array([sess.partition for sess in sessions], dtype=object),
+            callbacks=np.array([sess.on_delivery for sess in sessions], dtype=object),
         )
         faults = [j for j, c in enumerate(codes) if c] if any(codes) else []
         heap = self._heap
