@@ -41,6 +41,7 @@ import psutil
 from confluent_kafka import KafkaError, TopicPartition
 
 from pipeline.config import PipelineConfig
+from pipeline.placement import slot, state_partition
 from pipeline.progress import input_messages
 from pipeline.query import run
 from pipeline.spark import SparkConfig, build_session
@@ -195,15 +196,20 @@ def cpu_by_kind(
 def state_partition_load(spark: Any, changes: Path, partitions: int) -> list[dict[str, int]]:
     """Sessions and changes per state partition, as Spark's shuffle placed them (not timed).
 
-    The stateful stage lasts as long as its busiest task, and a session's partition is fixed by the hash of
-    its key, so a few sessions can load one partition far more than the other: this shows how far.
-    Spark's shuffle uses ``pmod(murmur3(key), partitions)``, which is what SQL ``hash`` computes.
+    The stateful stage lasts as long as its busiest task, so this shows how evenly the sessions fell. The
+    partition is computed with the query's own placement (``pipeline.placement``): Spark's shuffle uses
+    ``pmod(murmur3(key, slot), partitions)``, which is what SQL ``hash`` computes.
     """
+    from pyspark.sql import functions as F
+
+    key = F.col("session").cast("binary")
     rows = (
         spark.read.parquet(str(changes))
-        .groupBy("session")
+        .groupBy("session", "topic")
         .count()
-        .selectExpr(f"pmod(hash(cast(session as binary)), {partitions}) as part", "count")
+        .select(
+            state_partition(key, slot(F.col("topic"), key, partitions), partitions).alias("part"), "count"
+        )
         .groupBy("part")
         .agg({"*": "count", "count": "sum"})
         .collect()

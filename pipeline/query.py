@@ -17,6 +17,7 @@ from typing import Any
 
 from pipeline.config import PipelineConfig
 from pipeline.errors import IntegrityStopped, PipelineError
+from pipeline.placement import state_partitions
 from pipeline.progress import ProgressLog
 from pipeline.reconstruct import NO_DATA_BATCHES, reconstruct
 from pipeline.sinks import OutputWriter, check_consistency
@@ -47,7 +48,9 @@ def query_name(config: PipelineConfig) -> str:
 def start_query(spark: Any, config: PipelineConfig, writer: OutputWriter | None = None) -> Any:
     """Build and start the query; the caller owns stopping it."""
     check_consistency(config.output, config.checkpoint)
-    records = reconstruct(read_source(spark, config), config.policy)
+    records = reconstruct(
+        read_source(spark, config), config.policy, state_partitions(spark, config.checkpoint)
+    )
     stream = (
         records.writeStream.queryName(query_name(config))
         .foreachBatch(writer or OutputWriter(config.output, config.checkpoint, config.drop_batches))
@@ -75,6 +78,12 @@ def explain_failure(exc: BaseException) -> PipelineError:
     first line (sensor, session, topic, partition, offset, expected and received seq), not the trace.
     """
     text = str(exc)
+    if "STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE" in text:
+        return PipelineError(
+            "the checkpoint's state is keyed differently from this pipeline's (it was written by another query, or "
+            "by a sotw from before sessions were placed by sensor): it cannot be resumed; start with a new "
+            "--checkpoint and --output"
+        )
     match = _VIOLATION.search(text)
     if match:
         kind, message = match.groups()

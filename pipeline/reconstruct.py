@@ -15,6 +15,7 @@ from typing import Any
 import pandas as pd
 
 from pipeline.gcpause import gc_paused
+from pipeline.placement import slot
 from pipeline.policies import PolicyConfig
 from pipeline.records import BLOCK_DDL
 from pipeline.state import Envelope, SessionProcessor, SessionState
@@ -119,7 +120,7 @@ class SessionFunction:
         return pd.DataFrame({"block": [block], "rows": [len(records)], "messages": [consumed]})
 
 
-def reconstruct(df: Any, policy: PolicyConfig) -> Any:
+def reconstruct(df: Any, policy: PolicyConfig, partitions: int) -> Any:
     """Rebuild every session's table from a Kafka-shaped streaming DataFrame, under ``policy``.
 
     Parameters
@@ -130,6 +131,9 @@ def reconstruct(df: Any, policy: PolicyConfig) -> Any:
         ``topic``, ``partition``, ``offsets``, ``values``, ``timestamps``).
     policy
         The integrity policy and the session timeout.
+    partitions
+        The number of state partitions the query runs with (``placement.state_partitions``); sessions are
+        spread over them by sensor (``pipeline.placement``).
 
     Returns
     -------
@@ -141,7 +145,7 @@ def reconstruct(df: Any, policy: PolicyConfig) -> Any:
     Notes
     -----
     Rows are grouped by the raw Kafka key (the session id; a null key goes to the empty key's group, where
-    every message is a dead letter). Spark does not keep Kafka's order within a group, so the processor
+    every message is a dead letter) and the key's placement slot, which depends only on the key and topic. Spark does not keep Kafka's order within a group, so the processor
     sorts by (topic, partition, offset) before applying anything.
     """
     from pyspark.sql import functions as F
@@ -155,14 +159,16 @@ def reconstruct(df: Any, policy: PolicyConfig) -> Any:
             F.array(F.col("value")).alias("values"),
             F.array(F.unix_millis(F.col("timestamp"))).alias("timestamps"),
         ]
+    group_key = F.coalesce(F.col("key"), F.lit(bytearray()))
     prepared = df.select(
-        F.coalesce(F.col("key"), F.lit(bytearray())).alias("group_key"),
+        group_key.alias("group_key"),
+        slot(F.col("topic"), group_key, partitions).alias("slot"),
         F.col("key"),
         F.col("topic"),
         F.col("partition"),
         *messages,
     )
-    return prepared.groupBy("group_key").applyInPandasWithState(
+    return prepared.groupBy("group_key", "slot").applyInPandasWithState(
         SessionFunction(policy),
         outputStructType=BLOCK_DDL,
         stateStructType=STATE_DDL,

@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from pipeline.placement import state_partitions
 from pipeline.policies import PolicyConfig
 from pipeline.reconstruct import NO_DATA_BATCHES, reconstruct
 from pipeline.records import from_blocks
@@ -41,14 +42,16 @@ def session_values(session: str, n_updates: int = 6) -> tuple[list[bytes], str]:
     return values, digest
 
 
-def write_rows(directory: Path, name: str, rows: list[tuple[bytes | None, bytes, int, int]]) -> None:
-    """Write (key, value, partition, offset) rows as one Parquet file, in the order given."""
+def write_rows(
+    directory: Path, name: str, rows: list[tuple[bytes | None, bytes, int, int]], topic: str = TOPIC
+) -> None:
+    """Write (key, value, partition, offset) rows of ``topic`` as one Parquet file, in the order given."""
     directory.mkdir(parents=True, exist_ok=True)
     table = pa.table(
         {
             "key": pa.array([r[0] for r in rows], pa.binary()),
             "value": pa.array([r[1] for r in rows], pa.binary()),
-            "topic": pa.array([TOPIC] * len(rows), pa.string()),
+            "topic": pa.array([topic] * len(rows), pa.string()),
             "partition": pa.array([r[2] for r in rows], pa.int32()),
             "offset": pa.array([r[3] for r in rows], pa.int64()),
             "timestamp": pa.array([1_700_000_000_000_000] * len(rows), pa.timestamp("us", tz="UTC")),
@@ -59,17 +62,23 @@ def write_rows(directory: Path, name: str, rows: list[tuple[bytes | None, bytes,
     tmp.rename(directory / f"{name}.parquet")
 
 
-def run_once(spark: Any, source: Path, out: Path, checkpoint: Path, policy: PolicyConfig) -> None:
+def run_once(
+    spark: Any, source: Path, out: Path, checkpoint: Path, policy: PolicyConfig, transform: Any = None
+) -> None:
     """Drain everything in ``source`` with an availableNow trigger into a Parquet sink.
+
+    ``transform`` (the stream to the record blocks) defaults to ``reconstruct`` under ``policy``.
 
     Processing-time timeouts make Spark run a no-data batch every trigger, so an availableNow query would
     never finish: the query is started with no-data batches off (timeouts then fire in batches with data).
     """
     stream = spark.readStream.schema(KAFKA_SCHEMA).parquet(str(source))
     spark.conf.set(NO_DATA_BATCHES, "false")
+    blocks = (
+        transform(stream) if transform else reconstruct(stream, policy, state_partitions(spark, checkpoint))
+    )
     query = (
-        reconstruct(stream, policy)
-        .writeStream.format("parquet")
+        blocks.writeStream.format("parquet")
         .option("path", str(out))
         .option("checkpointLocation", str(checkpoint))
         .outputMode("append")
@@ -158,3 +167,78 @@ def test_strict_policy_stops_the_query_naming_the_session_and_offsets(spark, tmp
     assert "IntegrityViolation" in message
     assert "gap in session 'gappy' of sensor 'sensor-a'" in message
     assert "partition 2 offset 43: expected seq 3, got seq 4 (last applied offset: 42)" in message
+
+
+def test_a_restart_with_another_shuffle_partition_count_keeps_every_open_session(spark, tmp_path):
+    # Sessions are placed by their topic's number (pipeline.placement); the placement must be computed with
+    # the checkpoint's partition count, which Spark keeps, or the open sessions would lose their state.
+    policy = PolicyConfig("strict")
+    source, out, ckpt = tmp_path / "in", tmp_path / "out", tmp_path / "ckpt"
+    sessions = {f"sess-{i}": session_values(f"sess-{i}") for i in range(8)}
+    first = {s: v[:4] for s, (v, _) in sessions.items()}
+    for i, (s, values) in enumerate(first.items()):
+        write_rows(
+            source, f"a-{i}", [(s.encode(), v, 0, n) for n, v in enumerate(values)], f"sotw-sensor-{i:04d}"
+        )
+    run_once(spark, source, out, ckpt, policy)
+
+    spark.conf.set("spark.sql.shuffle.partitions", "3")
+    try:
+        for i, (s, (values, _)) in enumerate(sessions.items()):
+            rest = [(s.encode(), v, 0, n) for n, v in enumerate(values) if n >= 4]
+            write_rows(source, f"b-{i}", rest, f"sotw-sensor-{i:04d}")
+        run_once(spark, source, out, ckpt, policy)
+    finally:
+        spark.conf.set("spark.sql.shuffle.partitions", "2")
+
+    closed = {r["session"]: (r["status"], r["digest"]) for r in records(spark, out, "session")}
+    assert closed == {s: ("ok", digest) for s, (_, digest) in sessions.items()}
+    assert records(spark, out, "integrity") == []
+
+
+def test_a_checkpoint_whose_state_is_keyed_by_the_session_alone_is_refused_with_a_clear_reason(
+    spark, tmp_path
+):
+    from pyspark.errors import StreamingQueryException
+    from pyspark.sql import functions as F
+    from pyspark.sql.streaming.state import GroupStateTimeout
+
+    from pipeline.query import explain_failure
+    from pipeline.reconstruct import STATE_DDL, SessionFunction
+    from pipeline.records import BLOCK_DDL
+
+    values, _ = session_values("old")
+    source, out, ckpt = tmp_path / "in", tmp_path / "out", tmp_path / "ckpt"
+    write_rows(source, "part-1", [(b"old", v, 0, i) for i, v in enumerate(values[:3])], "sotw-sensor-0001")
+
+    def grouped_by_the_key_alone(stream: Any) -> Any:
+        """The layout before placement by sensor."""
+        return (
+            stream.select(
+                F.col("key").alias("group_key"),
+                "key",
+                "topic",
+                "partition",
+                F.array("offset").alias("offsets"),
+                F.array("value").alias("values"),
+                F.array(F.unix_millis("timestamp")).alias("timestamps"),
+            )
+            .groupBy("group_key")
+            .applyInPandasWithState(
+                SessionFunction(PolicyConfig("ordered")),
+                outputStructType=BLOCK_DDL,
+                stateStructType=STATE_DDL,
+                outputMode="append",
+                timeoutConf=GroupStateTimeout.ProcessingTimeTimeout,
+            )
+        )
+
+    run_once(spark, source, out, ckpt, PolicyConfig("ordered"), grouped_by_the_key_alone)
+    write_rows(
+        source, "part-2", [(b"old", v, 0, i) for i, v in enumerate(values) if i >= 3], "sotw-sensor-0001"
+    )
+
+    with pytest.raises(StreamingQueryException) as failure:
+        run_once(spark, source, out, ckpt, PolicyConfig("ordered"))
+
+    assert "start with a new --checkpoint and --output" in str(explain_failure(failure.value))

@@ -1,0 +1,65 @@
+"""Sessions spread over the state partitions by sensor number, checked against Spark's own shuffle."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from pipeline.errors import PipelineError
+from pipeline.placement import slot, state_partition, state_partitions
+
+
+def placed(spark, topics_and_keys, partitions):
+    """(topic, key, slot, partition Spark's hash shuffle put the pair in, partition the report predicts)."""
+    from pyspark.sql import functions as F
+
+    df = spark.createDataFrame(
+        [(t, k.encode()) for t, k in topics_and_keys], "topic string, group_key binary"
+    ).withColumn("slot", slot(F.col("topic"), F.col("group_key"), partitions))
+    shuffled = df.repartition(partitions, "group_key", "slot").select(
+        "topic",
+        "group_key",
+        "slot",
+        F.spark_partition_id().alias("partition"),
+        state_partition(F.col("group_key"), F.col("slot"), partitions).alias("predicted"),
+    )
+    return [tuple(r) for r in shuffled.collect()]
+
+
+@pytest.mark.parametrize("partitions", [2, 3, 4])
+def test_sessions_of_sensors_numbered_in_sequence_spread_evenly_over_the_state_partitions(spark, partitions):
+    keys = [(f"sotw-sensor-{n:04d}", f"s-{uuid.uuid4()}") for n in range(24)]
+
+    rows = placed(spark, keys, partitions)
+
+    assert len(rows) == 24
+    for topic, _, _, partition, predicted in rows:
+        assert partition == int(topic[-4:]) % partitions
+        assert predicted == partition
+    per_partition = [sum(1 for r in rows if r[3] == p) for p in range(partitions)]
+    assert per_partition == [24 // partitions] * partitions
+
+
+def test_topics_without_a_number_keep_the_sessions_own_hash_placement(spark):
+    keys = [("kitchen", f"s-{uuid.uuid4()}") for _ in range(40)]
+
+    rows = placed(spark, keys, 2)
+
+    assert {r[2] for r in rows} == {0}
+    assert len({r[3] for r in rows}) == 2  # many sessions of one topic still use both partitions
+
+
+def test_the_state_partition_count_comes_from_the_checkpoint_once_it_has_started(spark, tmp_path):
+    assert state_partitions(spark, tmp_path / "new") == int(spark.conf.get("spark.sql.shuffle.partitions"))
+
+    offsets = tmp_path / "ckpt" / "offsets"
+    offsets.mkdir(parents=True)
+    (offsets / "0").write_text('v1\n{"conf":{"spark.sql.shuffle.partitions":"7"}}\n{}\n')
+    assert state_partitions(spark, tmp_path / "ckpt") == 7
+
+    (offsets / "1").write_text("v1\nnot json\n")
+    with pytest.raises(
+        PipelineError, match=r"ckpt is damaged: cannot read the state partition count from .*/1"
+    ):
+        state_partitions(spark, tmp_path / "ckpt")
