@@ -8,15 +8,16 @@ core idle for much of every batch: the benchmark's 24 sessions fall 6 / 18 and t
 
 A sensor publishes one session at a time to its own topic (``<prefix><sensor-id>``), so placing sessions by
 sensor number spreads a fleet of sensors numbered in sequence evenly, whatever their session ids. The grouping
-key is the session (the Kafka key) plus a small integer *slot*: the first of 0, 1, 2, ... for which the pair
-hashes to the partition the topic's trailing number asks for. The slot is a function of the topic, the key
-and the number of state partitions only, so every message of a session gets the same one in every batch and
-after every restart. A topic without a trailing number asks for the session's own hash partition (slot 0),
-which is plain hash placement. Should no slot up to ``SLOTS`` hit the target (for two partitions, a chance of
-2**-64), slot 0 is used: the placement is then a hash's, and still the same every time.
+key is the session (the Kafka key) plus a small integer *slot*: the first of 0, 1, ..., ``slots(N) - 1`` for
+which the pair hashes to the partition the topic's trailing number asks for. A topic without a trailing number
+asks for the session's own hash partition (slot 0), which is plain hash placement. Should no slot hit the
+target (for two partitions a chance of 2**-64; it grows with the partition count, ``slots``), slot 0 is used:
+that session is placed by hash, and still the same way every time.
 
-The number of state partitions must be the one the state was written with, so ``state_partitions`` reads it
-from the checkpoint when there is one (Spark keeps a checkpoint's partition count whatever the session says).
+The slot is a function of the topic, the key and the partition count N, so N must never change for a
+checkpoint: ``placement_partitions`` takes it from the checkpoint once the query has run a batch, records
+it there (``PLACEMENT_FILE``) and uses it ever after, even if the state is later repartitioned offline
+(Spark's offline repartitioning appends an offset-log entry with the new count; it does not change keys).
 """
 
 from __future__ import annotations
@@ -27,8 +28,18 @@ from typing import Any
 
 from pipeline.errors import PipelineError
 
-SLOTS = 64
 SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
+PLACEMENT_FILE = "sotw-placement.json"
+"""The partition count the slots are computed with, in the checkpoint directory (Spark ignores the file)."""
+
+
+def slots(partitions: int) -> int:
+    """How many salts are tried: enough that a miss is rare (64 for two partitions, 1e-7 for sixteen).
+
+    The bound keeps the expression small; with more than about 40 partitions some sessions fall back to hash
+    placement (a quarter of them at 256).
+    """
+    return min(max(64, 16 * partitions), 1024)
 
 
 def sensor_target(topic: Any, key: Any, partitions: int) -> Any:
@@ -52,7 +63,7 @@ def slot(topic: Any, key: Any, partitions: int) -> Any:
     if partitions == 1:
         return F.lit(0)
     found = F.when(F.pmod(F.hash(key, F.lit(0)), F.lit(partitions)) == target, F.lit(0))
-    for salt in range(1, SLOTS):
+    for salt in range(1, slots(partitions)):
         found = found.when(F.pmod(F.hash(key, F.lit(salt)), F.lit(partitions)) == target, F.lit(salt))
     return found.otherwise(F.lit(0))
 
@@ -64,25 +75,45 @@ def state_partition(key: Any, slot_column: Any, partitions: int) -> Any:
     return F.pmod(F.hash(key, slot_column), F.lit(partitions))
 
 
-def state_partitions(spark: Any, checkpoint: Path) -> int:
-    """The number of state partitions: the checkpoint's if it has started, else the session's setting.
+def _offset_log_partitions(checkpoint: Path) -> int | None:
+    """The partition count in the oldest kept entry of the checkpoint's offset log (None before a batch).
 
-    Spark records the setting in every entry of the checkpoint's offset log and keeps using it after a
-    restart; the slots must be computed with that number, or every open session would lose its state.
+    The oldest, because an offline repartition of the state appends an entry with its new count.
     """
     offsets = checkpoint / "offsets"
-    entries = (
-        sorted((p for p in offsets.iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
-        if offsets.is_dir()
-        else []
-    )
-    if entries:
-        latest = entries[-1]
+    if not offsets.is_dir():
+        return None
+    entries = sorted((p for p in offsets.iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
+    if not entries:
+        return None
+    oldest = entries[0]
+    try:
+        meta = json.loads(oldest.read_text().splitlines()[1])
+        return int(meta["conf"][SHUFFLE_PARTITIONS])
+    except (ValueError, KeyError, IndexError, TypeError) as exc:
+        raise PipelineError(
+            f"checkpoint {checkpoint} is damaged: cannot read the state partition count from {oldest} ({exc})"
+        ) from None
+
+
+def placement_partitions(spark: Any, checkpoint: Path) -> int:
+    """The partition count the slots are computed with; recorded in the checkpoint once batches exist.
+
+    Before the query's first batch it is the session's ``spark.sql.shuffle.partitions``, which Spark fixes
+    into the checkpoint with that batch. After that it is the count of the offset log's oldest entry, written
+    to ``PLACEMENT_FILE`` at the next start and read from there ever after, so neither a different
+    ``--shuffle-partitions`` at restart nor an offline repartition of the state changes a slot.
+    """
+    record = checkpoint / PLACEMENT_FILE
+    if record.is_file():
         try:
-            meta = json.loads(latest.read_text().splitlines()[1])
-            return int(meta["conf"][SHUFFLE_PARTITIONS])
-        except (ValueError, KeyError, IndexError, TypeError) as exc:
-            raise PipelineError(
-                f"checkpoint {checkpoint} is damaged: cannot read the state partition count from {latest} ({exc})"
-            ) from None
-    return int(spark.conf.get(SHUFFLE_PARTITIONS))
+            return int(json.loads(record.read_text())["partitions"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise PipelineError(f"checkpoint {checkpoint} is damaged: cannot read {record} ({exc})") from None
+    logged = _offset_log_partitions(checkpoint)
+    if logged is None:
+        return int(spark.conf.get(SHUFFLE_PARTITIONS))
+    tmp = record.with_name(f".{record.name}.tmp")
+    tmp.write_text(json.dumps({"partitions": logged}))
+    tmp.replace(record)
+    return logged

@@ -17,7 +17,7 @@ from typing import Any
 
 from pipeline.config import PipelineConfig
 from pipeline.errors import IntegrityStopped, PipelineError
-from pipeline.placement import state_partitions
+from pipeline.placement import placement_partitions
 from pipeline.progress import ProgressLog
 from pipeline.reconstruct import NO_DATA_BATCHES, reconstruct
 from pipeline.sinks import OutputWriter, check_consistency
@@ -49,7 +49,7 @@ def start_query(spark: Any, config: PipelineConfig, writer: OutputWriter | None 
     """Build and start the query; the caller owns stopping it."""
     check_consistency(config.output, config.checkpoint)
     records = reconstruct(
-        read_source(spark, config), config.policy, state_partitions(spark, config.checkpoint)
+        read_source(spark, config), config.policy, placement_partitions(spark, config.checkpoint)
     )
     stream = (
         records.writeStream.queryName(query_name(config))

@@ -132,8 +132,8 @@ def reconstruct(df: Any, policy: PolicyConfig, partitions: int) -> Any:
     policy
         The integrity policy and the session timeout.
     partitions
-        The number of state partitions the query runs with (``placement.state_partitions``); sessions are
-        spread over them by sensor (``pipeline.placement``).
+        The partition count the placement slots are computed with (``placement.placement_partitions``);
+        sessions are spread over the state partitions by sensor (``pipeline.placement``).
 
     Returns
     -------
@@ -145,8 +145,9 @@ def reconstruct(df: Any, policy: PolicyConfig, partitions: int) -> Any:
     Notes
     -----
     Rows are grouped by the raw Kafka key (the session id; a null key goes to the empty key's group, where
-    every message is a dead letter) and the key's placement slot, which depends only on the key and topic. Spark does not keep Kafka's order within a group, so the processor
-    sorts by (topic, partition, offset) before applying anything.
+    every message is a dead letter, one group per slot) and the key's placement slot (``pipeline.placement``), which depends on
+    the key, the topic and ``partitions`` only. Spark does not keep Kafka's order within a group, so the
+    processor sorts by (topic, partition, offset) before applying anything.
     """
     from pyspark.sql import functions as F
     from pyspark.sql.streaming.state import GroupStateTimeout

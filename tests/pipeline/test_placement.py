@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import uuid
-
 import pytest
 
 from pipeline.errors import PipelineError
-from pipeline.placement import slot, state_partition, state_partitions
+from pipeline.placement import PLACEMENT_FILE, placement_partitions, slot, state_partition
 
 
 def placed(spark, topics_and_keys, partitions):
@@ -28,8 +26,10 @@ def placed(spark, topics_and_keys, partitions):
 
 
 @pytest.mark.parametrize("partitions", [2, 3, 4])
-def test_sessions_of_sensors_numbered_in_sequence_spread_evenly_over_the_state_partitions(spark, partitions):
-    keys = [(f"sotw-sensor-{n:04d}", f"s-{uuid.uuid4()}") for n in range(24)]
+def test_sessions_of_sensors_numbered_in_sequence_spread_evenly_over_the_placement_partitions(
+    spark, partitions
+):
+    keys = [(f"sotw-sensor-{n:04d}", f"session-{n * 7919:08x}") for n in range(24)]
 
     rows = placed(spark, keys, partitions)
 
@@ -42,24 +42,40 @@ def test_sessions_of_sensors_numbered_in_sequence_spread_evenly_over_the_state_p
 
 
 def test_topics_without_a_number_keep_the_sessions_own_hash_placement(spark):
-    keys = [("kitchen", f"s-{uuid.uuid4()}") for _ in range(40)]
+    keys = [("kitchen", f"session-{n * 7919:08x}") for n in range(40)]
 
     rows = placed(spark, keys, 2)
 
     assert {r[2] for r in rows} == {0}
+    assert all(r[3] == r[4] for r in rows)
     assert len({r[3] for r in rows}) == 2  # many sessions of one topic still use both partitions
 
 
-def test_the_state_partition_count_comes_from_the_checkpoint_once_it_has_started(spark, tmp_path):
-    assert state_partitions(spark, tmp_path / "new") == int(spark.conf.get("spark.sql.shuffle.partitions"))
+def test_the_partition_count_of_the_placement_is_recorded_in_the_checkpoint_once_batches_exist(
+    spark, tmp_path
+):
+    ckpt = tmp_path / "ckpt"
+    configured = int(spark.conf.get("spark.sql.shuffle.partitions"))
+    assert placement_partitions(spark, ckpt) == configured  # no batch yet: the session's setting
 
-    offsets = tmp_path / "ckpt" / "offsets"
+    offsets = ckpt / "offsets"
     offsets.mkdir(parents=True)
     (offsets / "0").write_text('v1\n{"conf":{"spark.sql.shuffle.partitions":"7"}}\n{}\n')
-    assert state_partitions(spark, tmp_path / "ckpt") == 7
+    assert placement_partitions(spark, ckpt) == 7  # Spark fixed 7 into the checkpoint
+    assert (ckpt / PLACEMENT_FILE).is_file()
 
-    (offsets / "1").write_text("v1\nnot json\n")
+    # An offline repartition appends an entry with another count; the slots keep the recorded one.
+    (offsets / "1").write_text('v1\n{"conf":{"spark.sql.shuffle.partitions":"4"}}\n{}\n')
+    (offsets / "0").unlink()  # and old entries are purged in time
+    assert placement_partitions(spark, ckpt) == 7
+
+
+def test_an_unreadable_offset_log_is_reported_as_a_damaged_checkpoint(spark, tmp_path):
+    offsets = tmp_path / "ckpt" / "offsets"
+    offsets.mkdir(parents=True)
+    (offsets / "3").write_text("v1\nnot json\n")
+
     with pytest.raises(
-        PipelineError, match=r"ckpt is damaged: cannot read the state partition count from .*/1"
+        PipelineError, match=r"ckpt is damaged: cannot read the state partition count from .*/3"
     ):
-        state_partitions(spark, tmp_path / "ckpt")
+        placement_partitions(spark, tmp_path / "ckpt")

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.placement import state_partitions
+from pipeline.placement import placement_partitions
 from pipeline.policies import PolicyConfig
 from pipeline.reconstruct import NO_DATA_BATCHES, reconstruct
 from pipeline.records import from_blocks
@@ -75,7 +75,9 @@ def run_once(
     stream = spark.readStream.schema(KAFKA_SCHEMA).parquet(str(source))
     spark.conf.set(NO_DATA_BATCHES, "false")
     blocks = (
-        transform(stream) if transform else reconstruct(stream, policy, state_partitions(spark, checkpoint))
+        transform(stream)
+        if transform
+        else reconstruct(stream, policy, placement_partitions(spark, checkpoint))
     )
     query = (
         blocks.writeStream.format("parquet")
