@@ -4,14 +4,14 @@ The stateful stage lasts as long as its busiest task, and Spark places a group i
 ``pmod(hash(<grouping columns>), spark.sql.shuffle.partitions)`` (``HashPartitioning``; SQL ``hash`` is the same
 Murmur3 with the same seed). With a few dozen sensors on two partitions, hashing the session alone leaves one
 core idle for much of every batch: the benchmark's 24 sessions fall 6 / 18 and the busiest stateful task takes
-2.8 times the other (docs/benchmarks.md, stop 12).
+5.5 s against 1.9 s for the other (docs/benchmarks.md, stop 12).
 
 A sensor publishes one session at a time to its own topic (``<prefix><sensor-id>``), so placing sessions by
 sensor number spreads a fleet of sensors numbered in sequence evenly, whatever their session ids. The grouping
 key is the session (the Kafka key) plus a small integer *slot*: the first of 0, 1, ..., ``slots(N) - 1`` for
 which the pair hashes to the partition the topic's trailing number asks for. A topic without a trailing number
 asks for the session's own hash partition (slot 0), which is plain hash placement. Should no slot hit the
-target (for two partitions a chance of 2**-32; about 1e-4 up to a hundred, ``slots``), slot 0 is used:
+target (2e-10 for two partitions, 1e-4 to 3e-4 from four to 64, 0.6 % at 100; ``slots``), slot 0 is used:
 that session is placed by hash, and still the same way every time.
 
 The slot is a function of the topic, the key and the partition count N, so N must never change for a
@@ -34,9 +34,9 @@ PLACEMENT_FILE = "sotw-placement.json"
 
 
 def slots(partitions: int) -> int:
-    """How many salts are tried: enough that a miss is rare (about 1e-4 for four to a hundred partitions).
+    """How many salts are tried: enough that a miss is rare (1e-4 to 3e-4 for four to 64 partitions).
 
-    Every salt is hashed for every row, so the count stays bounded; past about 150 partitions some sessions
+    Every salt is hashed for every row, so the count stays bounded at 512; beyond 64 partitions more sessions
     fall back to hash placement.
     """
     return min(max(32, 8 * partitions), 512)
@@ -60,7 +60,7 @@ def slot(topic: Any, key: Any, partitions: int) -> Any:
 
     One array expression of constant size (the partitions of every salt, then the position of the target
     among them), not a ``CASE`` branch per salt: Spark plans every micro-batch anew, and a 64-branch ``CASE``
-    added 40-70 ms to each batch's planning.
+    added 50-70 ms to each batch's planning.
     """
     from pyspark.sql import functions as F
 
