@@ -42,6 +42,13 @@ def slots(partitions: int) -> int:
     return min(max(32, 8 * partitions), 512)
 
 
+def state_partition(key: Any, slot_column: Any, partitions: int) -> Any:
+    """The state partition Spark's shuffle gives the group (``key``, ``slot_column``)."""
+    from pyspark.sql import functions as F
+
+    return F.pmod(F.hash(key, slot_column), F.lit(partitions))
+
+
 def sensor_target(topic: Any, key: Any, partitions: int) -> Any:
     """The state partition a message's session should live in: the topic's trailing number, else its hash.
 
@@ -51,7 +58,7 @@ def sensor_target(topic: Any, key: Any, partitions: int) -> Any:
 
     number = F.regexp_extract(topic, r"(\d{1,9})$", 1)
     return F.when(number != "", F.pmod(number.cast("long"), F.lit(partitions))).otherwise(
-        F.pmod(F.hash(key, F.lit(0)), F.lit(partitions))
+        state_partition(key, F.lit(0), partitions)
     )
 
 
@@ -68,17 +75,10 @@ def slot(topic: Any, key: Any, partitions: int) -> Any:
         return F.lit(0)
     placed = F.transform(
         F.sequence(F.lit(0), F.lit(slots(partitions) - 1)),
-        lambda salt: F.pmod(F.hash(key, salt), F.lit(partitions)),
+        lambda salt: state_partition(key, salt, partitions),
     )
     position = F.array_position(placed, sensor_target(topic, key, partitions).cast("int"))
     return F.greatest(position - 1, F.lit(0)).cast("int")
-
-
-def state_partition(key: Any, slot_column: Any, partitions: int) -> Any:
-    """The state partition Spark's shuffle gives the group (``key``, ``slot_column``), for reports."""
-    from pyspark.sql import functions as F
-
-    return F.pmod(F.hash(key, slot_column), F.lit(partitions))
 
 
 def _offset_log_partitions(checkpoint: Path) -> int | None:

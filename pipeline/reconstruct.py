@@ -145,9 +145,10 @@ def reconstruct(df: Any, policy: PolicyConfig, partitions: int) -> Any:
     Notes
     -----
     Rows are grouped by the raw Kafka key (the session id; a null key goes to the empty key's group, where
-    every message is a dead letter, one group per slot) and the key's placement slot (``pipeline.placement``), which depends on
-    the key, the topic and ``partitions`` only. Spark does not keep Kafka's order within a group, so the
-    processor sorts by (topic, partition, offset) before applying anything.
+    every message is a dead letter, one group per slot) and the key's placement slot
+    (``pipeline.placement``), which depends on the key, the topic and ``partitions`` only. Spark does not
+    keep Kafka's order within a group, so the processor sorts by (topic, partition, offset) before applying
+    anything.
     """
     from pyspark.sql import functions as F
     from pyspark.sql.streaming.state import GroupStateTimeout

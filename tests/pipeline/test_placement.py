@@ -26,9 +26,7 @@ def placed(spark, topics_and_keys, partitions):
 
 
 @pytest.mark.parametrize("partitions", [2, 3, 4])
-def test_sessions_of_sensors_numbered_in_sequence_spread_evenly_over_the_placement_partitions(
-    spark, partitions
-):
+def test_sessions_of_sensors_numbered_in_sequence_spread_evenly_over_the_state_partitions(spark, partitions):
     keys = [(f"sotw-sensor-{n:04d}", f"session-{n * 7919:08x}") for n in range(24)]
 
     rows = placed(spark, keys, partitions)
