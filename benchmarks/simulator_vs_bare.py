@@ -18,6 +18,7 @@ writing of its ledger and truth after the last acknowledgement is reported besid
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import platform
@@ -69,12 +70,21 @@ def sample_payloads(sensors: int, rows: int) -> list[bytes]:
 
 
 def bare(
-    kafka: KafkaConfig, topics: list[str], partitions: int, payload: bytes, n: int, reports: bool = False
+    kafka: KafkaConfig,
+    topics: list[str],
+    partitions: int,
+    payload: bytes,
+    n: int,
+    reports: bool = False,
+    digests: bool = False,
 ) -> dict:
     """A plain produce loop: no encoding, no ledger. Returns rate and CPU cost.
 
     With ``reports`` every message carries a minimal delivery callback that keeps the offset, the least a
-    producer that records offsets must pay; without it no callback runs at all.
+    producer that records offsets must pay; without it no callback runs at all. ``digests`` also keeps the
+    SHA-256 of every value sent: with both, the loop does the per-message work the ledger's ``offset`` and
+    ``value_sha256`` columns demand of any producer (issue 3, section 6), and nothing else -- the floor of
+    the simulator's cost, short of generating and encoding its messages.
     """
     conf = kafka.client(**{k: v for k, v in DEFAULT_PRODUCER.items() if k not in kafka.settings})
     producer = Producer(conf)
@@ -86,6 +96,8 @@ def bare(
         keep(msg.offset())
 
     cb = on_delivery if reports else None
+    kept: list[bytes] = []
+    keep_digest, sha256 = kept.append, hashlib.sha256
     keys = [f"{t}-key".encode() for t in topics]
     slots = [(topics[i % len(topics)], keys[i % len(topics)], i % partitions) for i in range(4096)]
     t0 = time.perf_counter()
@@ -93,6 +105,8 @@ def bare(
     m0 = time.thread_time()
     for i in range(n):
         topic, key, part = slots[i & 4095]
+        if digests:
+            keep_digest(sha256(payload).digest())
         try:
             produce(topic, payload, key, part, cb)
         except BufferError:
@@ -186,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     payload = payloads[[len(p) for p in payloads].index(sizes[len(sizes) // 2])]
 
     def go(kafka: KafkaConfig, broker_pid: int | None = None) -> dict:
-        results: dict[str, list] = {"bare": [], "bare_reports": [], "simulator": []}
+        results: dict[str, list] = {"bare": [], "bare_reports": [], "bare_ledger": [], "simulator": []}
 
         def timed(side: str, fn: Any, *fargs: Any, **kw: Any) -> dict:
             """Run one side and add the broker's CPU per message during it (embedded broker only)."""
@@ -214,6 +228,22 @@ def main(argv: list[str] | None = None) -> int:
             )
             print(
                 f"  run {r + 1}: bare+dr   {b['rate']:12,.0f} msg/s  {b['cpu_us_per_msg']:6.2f} CPU us/msg "
+                f"({b['main_thread_us_per_msg']:.2f} in the loop's thread; broker {b['broker_cpu_us_per_msg'] or 0:.2f})",
+                flush=True,
+            )
+            b = timed(
+                "bare_ledger",
+                bare,
+                kafka,
+                topics,
+                args.partitions,
+                payload,
+                args.messages,
+                reports=True,
+                digests=True,
+            )
+            print(
+                f"  run {r + 1}: bare+dr+sha {b['rate']:10,.0f} msg/s  {b['cpu_us_per_msg']:6.2f} CPU us/msg "
                 f"({b['main_thread_us_per_msg']:.2f} in the loop's thread; broker {b['broker_cpu_us_per_msg'] or 0:.2f})",
                 flush=True,
             )
@@ -249,6 +279,9 @@ def main(argv: list[str] | None = None) -> int:
     best_dr = max(b["rate"] for b in results["bare_reports"])
     med_dr = statistics.median(b["rate"] for b in results["bare_reports"])
     print(f"{'bare + delivery reports':24}{best_dr:14,.0f}{med_dr:14,.0f}")
+    best_led = max(b["rate"] for b in results["bare_ledger"])
+    med_led = statistics.median(b["rate"] for b in results["bare_ledger"])
+    print(f"{'  + SHA-256 per value':24}{best_led:14,.0f}{med_led:14,.0f}")
     med_sim = statistics.median(s["updates_per_s"] for s in results["simulator"])
     print(f"{'simulator (updates)':24}{best_sim:14,.0f}{med_sim:14,.0f}")
     best_whole = max(s["updates_per_s_with_records"] for s in results["simulator"])
@@ -256,6 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'  incl. ledger written':24}{best_whole:14,.0f}{med_whole:14,.0f}")
     print(f"{'ratio simulator / bare':24}{ratio:14.2f}")
     print(f"{'ratio sim / bare+dr':24}{best_sim / best_dr:14.2f}")
+    print(f"{'ratio bare+dr+sha / bare':24}{best_led / best_bare:14.2f}")
     # What the loop's own thread costs per message: the rate each side could reach with a core to itself
     # (an upper bound; the broker and librdkafka's threads need the other core).
     sim_thread = min(s["main_thread_us_per_msg"] for s in results["simulator"])
@@ -277,6 +311,9 @@ def main(argv: list[str] | None = None) -> int:
         "bare": results["bare"],
         "bare_with_delivery_reports": results["bare_reports"],
         "best_bare_with_delivery_reports": best_dr,
+        "bare_with_delivery_reports_and_sha256": results["bare_ledger"],
+        "best_bare_with_delivery_reports_and_sha256": best_led,
+        "ratio_bare_with_delivery_reports_and_sha256": best_led / best_bare,
         "simulator": results["simulator"],
         "best_bare": best_bare,
         "best_simulator_updates_per_s": best_sim,
