@@ -9,7 +9,8 @@ messages, then drains the whole backlog three ways and prints messages/s for eac
 
 * ``bare``: one assign-only confluent-kafka consumer in this process touching key and value of each message
   (the ceiling for a Python consumer);
-* ``reader``: the source's own ``read_ranges`` in this process, building Arrow batches (no Spark);
+* ``reader``: the source's own ``read_ranges`` in this process, building Arrow batches (no Spark), one row
+  per message and packed (``packRecords``), with CPU per message (``--reader-repeats`` runs of each);
 * ``spark``: ``spark.readStream.format("sotw-kafka")`` with ``trigger(availableNow=True)`` into the ``noop``
   sink on local[2], timed from ``start()`` to termination (includes planning and task start-up), twice in
   one session: ``cold`` pays the JVM's and the Python workers' start-up, ``warm`` does not. The rate within
@@ -72,14 +73,26 @@ def bare(kafka: KafkaConfig, ends: dict[tuple[str, int], tuple[int, int]]) -> fl
     return n / elapsed
 
 
-def reader(kafka: KafkaConfig, pattern: str, ends: dict[tuple[str, int], tuple[int, int]]) -> float:
+def reader(
+    kafka: KafkaConfig, pattern: str, ends: dict[tuple[str, int], tuple[int, int]], pack: bool = False
+) -> dict[str, float]:
+    """Drain with the source's ``read_ranges`` in this process; rate and CPU per message (``pack``: packed rows)."""
+    import pyarrow.compute as pc
+
     opts = SourceOptions.from_options(
-        {"kafka.bootstrap.servers": kafka.bootstrap, "subscribePattern": pattern}
+        {
+            "kafka.bootstrap.servers": kafka.bootstrap,
+            "subscribePattern": pattern,
+            "packRecords": str(pack).lower(),
+        }
     )
     ranges = [OffsetRange(t, p, low, end) for (t, p), (low, end) in ends.items()]
-    t0 = time.perf_counter()
-    n = sum(batch.num_rows for batch in read_ranges(opts, ranges))
-    return n / (time.perf_counter() - t0)
+    t0, c0 = time.perf_counter(), time.process_time()
+    n = 0
+    for batch in read_ranges(opts, ranges):
+        n += pc.sum(pc.list_value_length(batch.column("offsets"))).as_py() if pack else batch.num_rows
+    elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
+    return {"msg_s": n / elapsed, "cpu_us_per_msg": cpu / n * 1e6}
 
 
 def spark_rate(kafka: KafkaConfig, pattern: str, total: int, checkpoints: Path) -> list[dict[str, Any]]:
@@ -128,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--topics", type=int, default=20)
     parser.add_argument("--bootstrap", default=None)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--reader-repeats", type=int, default=1, help="runs of each reader mode (default 1)")
+    parser.add_argument("--no-spark", action="store_true", help="stop after the in-process readers")
     args = parser.parse_args(argv)
     with ExitStack() as stack:
         bootstrap = args.bootstrap or stack.enter_context(EmbeddedBroker()).bootstrap
@@ -147,10 +162,17 @@ def main(argv: list[str] | None = None) -> int:
         results: dict[str, Any] = {"messages": total, "topics": args.topics}
         results["bare_msg_s"] = bare(kafka, ends)
         print(f"bare consumer: {results['bare_msg_s']:,.0f} msg/s")
-        results["reader_msg_s"] = reader(kafka, pattern, ends)
-        print(f"source reader (Arrow, no Spark): {results['reader_msg_s']:,.0f} msg/s")
+        for r in range(args.reader_repeats):
+            for pack in (False, True):
+                got = reader(kafka, pattern, ends, pack)
+                results.setdefault("reader_packed" if pack else "reader", []).append(got)
+                print(
+                    f"source reader (Arrow, no Spark{', packed rows' if pack else ''}), run {r + 1}: "
+                    f"{got['msg_s']:,.0f} msg/s, {got['cpu_us_per_msg']:.2f} CPU us/msg"
+                )
+        results["reader_msg_s"] = max(got["msg_s"] for got in results["reader"])
         ckpt = Path(stack.enter_context(__import__("tempfile").TemporaryDirectory()))
-        results["spark"] = spark_rate(kafka, pattern, total, ckpt)
+        results["spark"] = [] if args.no_spark else spark_rate(kafka, pattern, total, ckpt)
         for r in results["spark"]:
             print(
                 f"spark availableNow -> noop, local[2], {r['run']}: {r['msg_s']:,.0f} msg/s start to end, "
