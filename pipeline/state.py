@@ -153,7 +153,10 @@ def fast_canonical_row(row: dict[str, Any]) -> str:
                 return canonical_row(row)
         elif kind not in _PLAIN:
             return canonical_row(row)
-    return orjson.dumps(row, option=_SORTED).decode()
+    try:
+        return orjson.dumps(row, option=_SORTED).decode()
+    except orjson.JSONEncodeError:  # an integer beyond 64 bits (orjson.loads never makes one)
+        return canonical_row(row)
 
 
 def _sniff_sensor(value: bytes | None) -> str | None:

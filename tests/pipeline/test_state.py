@@ -442,6 +442,12 @@ def test_fast_canonical_row_writes_exactly_the_wire_formats_canonical_row() -> N
             {"id": 2, "x": x, "y": round(rng.uniform(-1e5, 1e5), rng.randrange(7)), "z": 1e-5, "b": True}
         )
     rows.append({"id": 3, "nested": {"b": [1.5, None], "a": "é"}, "n": None})
+    # Around the magnitudes where orjson and json.dumps write floats differently, text that only looks so, and
+    # integers beyond 64 bits (orjson cannot write them).
+    for x in (1e-4, 9.99e-5, -3e-5, 1e-7, 1.5e-10, 5e-324, 1e16, 1.5e16, 9999999999999998.0, 1e-4 + 1e-19):
+        rows.append({"id": 4, "x": x, "s": "0.0000 and 1e-7 in text"})
+        rows.append({"id": 5, "x": x})
+    rows.append({"id": 6, "big": 2**64, "neg": -(2**63) - 1})
     assert [fast_canonical_row(r) for r in rows] == [canonical_row(r) for r in rows]
 
 
