@@ -3,7 +3,7 @@
 Usage::
 
     .venv/bin/python benchmarks/pipeline_vs_bare.py [--messages 600000] [--repeats 2] [--bootstrap HOST:PORT]
-                                                   [--json runs/bench-pipeline-vs-bare.json]
+                                                   [--max-offsets N] [--floor] [--json runs/bench-pipeline-vs-bare.json]
 
 The backlog is written once by the real simulator (``rate=0``, faults off, 24 sensors x 200-row tables, one
 partition per topic by default). Then, alternately (so a neighbour's load hits both alike):
@@ -15,6 +15,14 @@ partition per topic by default). Then, alternately (so a neighbour's load hits b
   reconstruction and the exactly-once Parquet sink, into a fresh output directory. The rate is messages / wall
   time of ``run``; the rate without the first micro-batch (Spark's per-query start-up: planning, the Python
   workers' start, the first state store) comes from ``progress.jsonl`` and is printed beside it.
+
+With ``--floor``, a third side runs in each round:
+
+* **floor**: the same sotw-kafka source, the same grouping (session and placement slot) and the same
+  ``applyInPandasWithState`` call, but a state function that only ``orjson``-decodes every value and keeps a
+  count, into Spark's ``noop`` sink: what the architecture the issue prescribes (a Python data source, a
+  Python stateful step, Arrow between them and the JVM) costs before any of the pipeline's own work
+  (ordering, integrity rules, canonical rows, records, Parquet, the exactly-once commit).
 
 Peak memory is the resident memory of the whole process tree (this driver process, the JVM and the Python
 workers), sampled every 100 ms by a thread while each side runs.
@@ -41,9 +49,10 @@ import psutil
 from confluent_kafka import KafkaError, TopicPartition
 
 from pipeline.config import PipelineConfig
+from pipeline.offsets import offsets_from_json
 from pipeline.placement import slot, state_partition
 from pipeline.progress import input_messages
-from pipeline.query import run
+from pipeline.query import read_source, run
 from pipeline.spark import SparkConfig, build_session
 from simulator import Simulator, SimulatorConfig
 from sotw.broker import EmbeddedBroker
@@ -218,12 +227,9 @@ def state_partition_load(spark: Any, changes: Path, partitions: int) -> list[dic
     return [{"partition": p, **found.get(p, {"sessions": 0, "changes": 0})} for p in range(partitions)]
 
 
-def pipeline(
-    spark: Any, kafka: KafkaConfig, prefix: str, total: int, args: argparse.Namespace
-) -> dict[str, Any]:
-    """Drain the backlog with the pipeline (availableNow) into a fresh output; rates, batches and memory."""
-    work = Path(tempfile.mkdtemp(prefix="sotw-bench-pipe-"))
-    config = PipelineConfig(
+def drain_config(kafka: KafkaConfig, prefix: str, work: Path, args: argparse.Namespace) -> PipelineConfig:
+    """The pipeline's config for one drain of the backlog (availableNow) into ``work``."""
+    return PipelineConfig(
         kafka=kafka,
         output=work / "out",
         checkpoint=work / "checkpoint",
@@ -232,6 +238,14 @@ def pipeline(
         max_offsets_per_trigger=args.max_offsets,
         spark=SparkConfig(),
     )
+
+
+def pipeline(
+    spark: Any, kafka: KafkaConfig, prefix: str, total: int, args: argparse.Namespace
+) -> dict[str, Any]:
+    """Drain the backlog with the pipeline (availableNow) into a fresh output; rates, batches and memory."""
+    work = Path(tempfile.mkdtemp(prefix="sotw-bench-pipe-"))
+    config = drain_config(kafka, prefix, work, args)
     cpu0 = tree_cpu()
     with PeakRss() as mem:
         t0 = time.perf_counter()
@@ -285,6 +299,92 @@ def pipeline(
     }
 
 
+class DecodeOnly:
+    """The floor's state function: decode every value, count the messages in the state, emit the count."""
+
+    def __call__(self, key: tuple[Any, ...], batches: Any, state: Any) -> Any:
+        import pandas as pd
+
+        loads = orjson.loads
+        n = 0
+        for pdf in batches:
+            for values in pdf["values"]:
+                for value in values:
+                    loads(value)
+                n += len(values)
+        state.update(((state.get[0] if state.exists else 0) + n,))
+        yield pd.DataFrame({"messages": [n]})
+
+
+def batch_messages(progress: dict[str, Any]) -> int:
+    """Kafka offsets one trigger read, from its source progress (the backlog's partitions start at 0)."""
+    source = progress["sources"][0]
+    # PySpark hands each offset over as JSON text: "null" before the first batch.
+    start, end = (
+        offsets_from_json(json.loads(source.get(k) or "null")) for k in ("startOffset", "endOffset")
+    )
+    return sum(e - start.get(tp, 0) for tp, e in end.items())
+
+
+def floor(
+    spark: Any, kafka: KafkaConfig, prefix: str, total: int, args: argparse.Namespace
+) -> dict[str, Any]:
+    """Drain the backlog through the prescribed architecture with a decode-only state function (``--floor``)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.streaming.state import GroupStateTimeout
+
+    from pipeline.reconstruct import NO_DATA_BATCHES
+
+    work = Path(tempfile.mkdtemp(prefix="sotw-bench-floor-"))
+    config = drain_config(kafka, prefix, work, args)
+    df = read_source(spark, config)
+    group_key = F.coalesce(F.col("key"), F.lit(bytearray()))
+    grouped = df.select(
+        group_key.alias("group_key"),
+        slot(F.col("topic"), group_key, args.shuffle_partitions).alias("slot"),
+        "values",
+    ).groupBy("group_key", "slot")
+    counts = grouped.applyInPandasWithState(
+        DecodeOnly(),
+        outputStructType="`messages` bigint",
+        stateStructType="`n` bigint",
+        outputMode="append",
+        timeoutConf=GroupStateTimeout.NoTimeout,
+    )
+    spark.conf.set(NO_DATA_BATCHES, "false")
+    cpu0 = tree_cpu()
+    with PeakRss() as mem:
+        t0 = time.perf_counter()
+        query = (
+            counts.writeStream.format("noop")
+            .option("checkpointLocation", str(config.checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination()
+        elapsed = time.perf_counter() - t0
+    by_kind = cpu_by_kind(cpu0, tree_cpu())
+    batches = [(batch_messages(p), p["durationMs"].get("triggerExecution", 0)) for p in query.recentProgress]
+    batches = [b for b in batches if b[0]]
+    shutil.rmtree(work, ignore_errors=True)
+    rows = sum(n for n, _ in batches)
+    if rows != total:
+        raise SystemExit(f"floor read {rows} messages, the backlog has {total}")
+    later = batches[1:]
+    cpu = sum(by_kind.values())
+    return {
+        "messages": rows,
+        "rate": rows / elapsed,
+        "elapsed_s": elapsed,
+        "rate_after_first_batch": sum(n for n, _ in later) / (sum(ms for _, ms in later) / 1000)
+        if later
+        else None,
+        "peak_rss_bytes": mem.peak,
+        "cpu_s_by_process": by_kind,
+        "cpu_us_per_msg": cpu / rows * 1e6,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark and print the table."""
     parser = argparse.ArgumentParser(
@@ -300,6 +400,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-offsets", type=int, default=None, help="maxOffsetsPerTrigger (default none)")
     parser.add_argument(
         "--shuffle-partitions", type=int, default=SparkConfig().shuffle_partitions, help="state partitions"
+    )
+    parser.add_argument(
+        "--floor", action="store_true", help="also run the decode-only floor of the architecture each round"
     )
     parser.add_argument("--event-log", type=Path, help="write Spark's event log here (stage and task times)")
     parser.add_argument("--json", type=Path, default=Path("runs/bench-pipeline-vs-bare.json"))
@@ -320,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
             }
         spark = build_session(SparkConfig(shuffle_partitions=args.shuffle_partitions, extra=extra))
         print(f"SparkSession started in {time.perf_counter() - t0:.1f} s (not timed)", flush=True)
-        results: dict[str, Any] = {"bare": [], "pipeline": [], "messages": total}
+        results: dict[str, Any] = {"bare": [], "pipeline": [], "floor": [], "messages": total}
         for r in range(args.repeats):
             b = bare(kafka, ends)
             results["bare"].append(b)
@@ -329,6 +432,19 @@ def main(argv: list[str] | None = None) -> int:
                 f"peak {b['peak_rss_bytes'] / 2**20:,.0f} MiB",
                 flush=True,
             )
+            if args.floor:
+                f = floor(spark, kafka, prefix, total, args)
+                results["floor"].append(f)
+                print(
+                    f"  run {r + 1}: floor    {f['rate']:10,.0f} msg/s  "
+                    f"({f['rate_after_first_batch'] or 0:,.0f} msg/s after the first batch)  "
+                    f"{f['cpu_us_per_msg']:5.1f} CPU us/msg ("
+                    + ", ".join(
+                        f"{k} {v / f['messages'] * 1e6:.0f}" for k, v in f["cpu_s_by_process"].items()
+                    )
+                    + ")",
+                    flush=True,
+                )
             p = pipeline(spark, kafka, prefix, total, args)
             results["pipeline"].append(p)
             after = p["rate_after_first_batch"]
@@ -369,6 +485,14 @@ def main(argv: list[str] | None = None) -> int:
           f"{statistics.median(p['rate'] for p in results['pipeline']):14,.0f}")  # fmt: skip
     if best_after:
         print(f"{'pipeline after the first batch':34}{best_after:14,.0f}{statistics.median(afters):14,.0f}")
+    if results["floor"]:
+        floors = [f["rate"] for f in results["floor"]]
+        print(f"{'floor (decode-only state, wall)':34}{max(floors):14,.0f}{statistics.median(floors):14,.0f}")
+        f_after = [f["rate_after_first_batch"] for f in results["floor"] if f["rate_after_first_batch"]]
+        if f_after:
+            print(
+                f"{'floor after the first batch':34}{max(f_after):14,.0f}{statistics.median(f_after):14,.0f}"
+            )
     print(f"{'ratio pipeline / bare':34}{ratio:14.2f}")
     spread = results["pipeline"][-1]["state_partitions"]
     busiest = max(part["changes"] for part in spread) / max(1, sum(part["changes"] for part in spread))
