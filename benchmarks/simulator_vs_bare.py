@@ -5,14 +5,18 @@ Usage::
     .venv/bin/python benchmarks/simulator_vs_bare.py [--messages 600000] [--repeats 2] [--bootstrap HOST:PORT]
                                                     [--json runs/bench-simulator.json]
 
-Both sides use the simulator's producer settings (idempotent, acks=all, same batching), the same topics'
-shape (sensors x partitions) and payloads of the same size (the bare loop sends a real update value of the
-median size, over and over). The simulator runs unthrottled (rate 0) with faults off and sessions long
-enough that almost every message is an update. Both rates are measured the same way: from the first message
-to the last acknowledgement (the bare loop: until ``flush`` returns; the simulator: until the latest
-``acked_ts`` in its ledger), not the set-up before the first message. The simulator's rate including the
-writing of its ledger and truth after the last acknowledgement is reported beside it. Runs alternate
-(bare, simulator, bare, simulator...) so a neighbour's load hits both alike; the best of each is compared.
+Four sides run in every round: the bare loop (no encoding, no ledger, no delivery callback), the bare loop
+with a delivery callback that keeps each offset, the same plus the SHA-256 of every value (the per-message
+work the ledger's ``offset`` and ``value_sha256`` columns demand of any producer, and nothing else), and the
+simulator. All use the simulator's producer settings (idempotent, acks=all, same batching), the same topics'
+shape (sensors x partitions) and payloads of the same size (the bare loops send a real update value of the
+median size, over and over; they test for the hash with one branch per message). The simulator runs
+unthrottled (rate 0) with faults off and sessions long enough that almost every message is an update. All
+rates are measured the same way: from the first message to the last acknowledgement (a bare loop: until
+``flush`` returns; the simulator: until the latest ``acked_ts`` in its ledger), not the set-up before the
+first message. The simulator's rate including the writing of its ledger and truth after the last
+acknowledgement is reported beside it. Rounds repeat (bare, bare+dr, bare+dr+sha, simulator, bare, ...) so
+a neighbour's load hits every side alike; the best of each is compared.
 """
 
 from __future__ import annotations

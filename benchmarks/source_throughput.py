@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         results: dict[str, Any] = {"messages": total, "topics": args.topics}
         results["bare_msg_s"] = bare(kafka, ends)
         print(f"bare consumer: {results['bare_msg_s']:,.0f} msg/s")
-        for r in range(args.reader_repeats):
+        for r in range(max(1, args.reader_repeats)):
             for pack in (False, True):
                 got = reader(kafka, pattern, ends, pack)
                 results.setdefault("reader_packed" if pack else "reader", []).append(got)

@@ -25,7 +25,14 @@ from pipeline.offsets import (
     parse_offset_spec,
     rate_limit,
 )
-from pipeline.source import FORMAT, KafkaDataSource, SourceOptions, offsets_behind
+from pipeline.source import (
+    ARROW_BATCH_ROWS,
+    FORMAT,
+    KafkaDataSource,
+    SourceOptions,
+    offsets_behind,
+    read_ranges,
+)
 from sotw.kafka import KafkaConfig, ensure_topics
 
 Produced = set[tuple[str, int, int, bytes]]
@@ -202,6 +209,46 @@ def test_reads_every_record_of_several_topics_exactly_once_including_the_last_ba
     sample = spark.read.parquet(str(tmp_path / "out")).first()
     assert sample.key.startswith(b"s") and sample.timestampType == 0 and sample.timestamp.year >= 2024
     assert sum(p["numInputRows"] for p in query.recentProgress) == len(expected)
+
+
+def test_packed_rows_hold_exactly_the_plain_rows_records_one_row_per_key_and_partition_per_batch(
+    kafka: KafkaConfig, unique_prefix: Callable[[], str]
+) -> None:
+    topic = f"{unique_prefix()}packed"
+    ensure_topics(kafka, {topic: 2})
+    produced = produce(
+        kafka, topic, ARROW_BATCH_ROWS + 2_500
+    )  # 7 keys over 2 partitions, more than one batch
+    ends = {p: max(o for _, q, o, _ in produced if q == p) + 1 for p in (0, 1)}
+    ranges = [OffsetRange(topic, p, 0, end) for p, end in ends.items()]
+
+    def read(pack: bool) -> list[Any]:
+        options = {
+            "kafka.bootstrap.servers": kafka.bootstrap,
+            "subscribe": topic,
+            "packRecords": str(pack).lower(),
+        }
+        return list(read_ranges(SourceOptions.from_options(options), ranges))
+
+    plain = [
+        (r["topic"], r["partition"], r["offset"], r["key"], r["value"])
+        for b in read(False)
+        for r in b.to_pylist()
+    ]
+    packed_batches = read(True)
+    assert len(packed_batches) >= 2
+    unpacked = []
+    for batch in packed_batches:
+        rows = batch.to_pylist()
+        assert len({(r["topic"], r["partition"], r["key"]) for r in rows}) == len(rows)
+        for r in rows:
+            assert r["offsets"] == sorted(r["offsets"]) and all(ts is not None for ts in r["timestamps"])
+            unpacked += [
+                (r["topic"], r["partition"], o, r["key"], v)
+                for o, v in zip(r["offsets"], r["values"], strict=True)
+            ]
+    assert sorted(unpacked) == sorted(plain) and len(set(unpacked)) == len(unpacked) == len(produced)
+    assert {(t, p, o, v) for t, p, o, _, v in unpacked} == produced
 
 
 def test_a_topic_that_appears_mid_query_is_read_from_its_earliest_offset(
