@@ -726,20 +726,14 @@ def _arrow_schema(pack: bool) -> Any:
 
 
 class _Columns:
-    """The accepted messages of one Arrow record batch; columns are built in one pass per column.
-
-    Packed batches group messages by (topic, partition, key) as they are accepted (``groups``), so the packing
-    does not ask every message for its topic and partition a second time; plain ones keep them in read order.
-    """
+    """The accepted messages of one Arrow record batch; columns are built in one pass per column."""
 
     def __init__(self, pack: bool) -> None:
         self.msgs: list[Any] = []
-        self.groups: dict[tuple[TP, bytes | None], list[Any]] = {}
-        self.count = 0
         self.pack = pack
 
     def __len__(self) -> int:
-        return self.count
+        return len(self.msgs)
 
     def batch(self, schema: Any) -> Any:
         """The messages as one Arrow record batch of ``schema`` (packed or one row per message)."""
@@ -767,21 +761,29 @@ class _Columns:
         """One row per (topic, partition, key), messages in the order read (offset order within a partition)."""
         import pyarrow as pa
 
-        groups = self.groups
-        msgs = [m for members in groups.values() for m in members]
+        msgs = self.msgs
+        groups: dict[tuple[str, int, bytes | None], list[int]] = {}
+        for i, m in enumerate(msgs):
+            tpk = (m.topic(), m.partition(), m.key())
+            members = groups.get(tpk)
+            if members is None:
+                groups[tpk] = [i]
+            else:
+                members.append(i)
+        order = pa.array([i for members in groups.values() for i in members], pa.int64())
         bounds = [0]
         for members in groups.values():
             bounds.append(bounds[-1] + len(members))
         list_offsets = pa.array(bounds, pa.int32())
         stamps = [m.timestamp() for m in msgs]
-        offsets = pa.array([m.offset() for m in msgs], pa.int64())
-        values = pa.array([m.value() for m in msgs], pa.binary())
-        times = pa.array([ts if kind else None for kind, ts in stamps], pa.int64())
+        offsets = pa.array([m.offset() for m in msgs], pa.int64()).take(order)
+        values = pa.array([m.value() for m in msgs], pa.binary()).take(order)
+        times = pa.array([ts if kind else None for kind, ts in stamps], pa.int64()).take(order)
         return pa.RecordBatch.from_arrays(
             [
-                pa.array([k for _, k in groups], pa.binary()),
-                pa.array([tp[0] for tp, _ in groups], pa.string()),
-                pa.array([tp[1] for tp, _ in groups], pa.int32()),
+                pa.array([k for _, _, k in groups], pa.binary()),
+                pa.array([t for t, _, _ in groups], pa.string()),
+                pa.array([p for _, p, _ in groups], pa.int32()),
                 pa.ListArray.from_arrays(list_offsets, offsets, type=schema.field("offsets").type),
                 pa.ListArray.from_arrays(list_offsets, values, type=schema.field("values").type),
                 pa.ListArray.from_arrays(list_offsets, times, type=schema.field("timestamps").type),
@@ -894,8 +896,7 @@ def _read_round(
                 "(raise kafkaConsumer.pollTimeoutMs if the broker is just slow)"
             )
 
-    pack = options.pack
-    accept, groups = cols.msgs.append, cols.groups
+    accept = cols.msgs.append
     while pending:
         # ``consume`` returns when it has ``num_messages`` or the timeout passed. Asking for no more than the
         # ranges still hold makes the last call of a range return as soon as its records are in, instead of
@@ -928,24 +929,15 @@ def _read_round(
             if off >= state[1]:
                 finish(tp)
                 continue
-            if pack:
-                tpk = (tp, msg.key())
-                members = groups.get(tpk)
-                if members is None:
-                    groups[tpk] = [msg]
-                else:
-                    members.append(msg)
-            else:
-                accept(msg)
-            cols.count += 1
+            accept(msg)
             state[0] = off + 1
             progress[0] = now
             if state[0] >= state[1]:
                 finish(tp)
         if len(cols) >= ARROW_BATCH_ROWS:
             yield cols.batch(schema)
-            cols = _Columns(pack)
-            accept, groups = cols.msgs.append, cols.groups
+            cols = _Columns(options.pack)
+            accept = cols.msgs.append
         if now - progress[0] > STALL_CHECK_S:
             for tp in [tp for tp in pending if now - checked[tp] > STALL_CHECK_S]:
                 diagnose(tp)
