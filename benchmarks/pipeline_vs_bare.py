@@ -49,7 +49,7 @@ import psutil
 from confluent_kafka import KafkaError, TopicPartition
 
 from pipeline.config import PipelineConfig
-from pipeline.offsets import offsets_from_json
+from pipeline.offsets import lag, offsets_from_json
 from pipeline.placement import slot, state_partition
 from pipeline.progress import input_messages
 from pipeline.query import read_source, run
@@ -325,7 +325,8 @@ def batch_messages(progress: dict[str, Any]) -> int:
         offsets_from_json(json.loads(raw) if isinstance(raw, str) else raw)
         for raw in (source.get("startOffset"), source.get("endOffset"))
     )
-    return sum(e - start.get(tp, 0) for tp, e in end.items())
+    read = lag(start, end)  # the offsets from the batch's start to its end
+    return read.offsetsBehindLatest if read else 0
 
 
 def floor(
@@ -333,29 +334,21 @@ def floor(
 ) -> dict[str, Any]:
     """Drain the backlog through the prescribed architecture with a decode-only state function (``--floor``).
 
-    Everything up to the state function is the pipeline's own (``pipeline.reconstruct``): the source's packed
-    rows, the columns handed over, the grouping by session and placement slot, the processing-time timeout
-    configuration. Timed like ``pipeline``: from building the query to its end.
+    Everything up to the state function is the pipeline's own (``pipeline.reconstruct.group_sessions``): the
+    packed rows, the columns handed over, the grouping by session and placement slot, the processing-time
+    timeout configuration. Timed like ``pipeline``: from building the query to its end.
     """
-    from pyspark.sql import functions as F
     from pyspark.sql.streaming.state import GroupStateTimeout
 
     from pipeline.placement import placement_partitions
-    from pipeline.reconstruct import INPUT_COLUMNS, NO_DATA_BATCHES
+    from pipeline.reconstruct import NO_DATA_BATCHES, group_sessions
 
     work = Path(tempfile.mkdtemp(prefix="sotw-bench-floor-"))
     config = drain_config(kafka, prefix, work, args)
     cpu0 = tree_cpu()
     with PeakRss() as mem:
         t0 = time.perf_counter()
-        df = read_source(spark, config)
-        group_key = F.coalesce(F.col("key"), F.lit(bytearray()))
-        partitions = placement_partitions(spark, config.checkpoint)
-        grouped = df.select(
-            group_key.alias("group_key"),
-            slot(F.col("topic"), group_key, partitions).alias("slot"),
-            *INPUT_COLUMNS,
-        ).groupBy("group_key", "slot")
+        grouped = group_sessions(read_source(spark, config), placement_partitions(spark, config.checkpoint))
         counts = grouped.applyInPandasWithState(
             DecodeOnly(),
             outputStructType="`messages` bigint",

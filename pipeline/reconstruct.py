@@ -150,8 +150,23 @@ def reconstruct(df: Any, policy: PolicyConfig, partitions: int) -> Any:
     keep Kafka's order within a group, so the processor sorts by (topic, partition, offset) before applying
     anything.
     """
-    from pyspark.sql import functions as F
     from pyspark.sql.streaming.state import GroupStateTimeout
+
+    return group_sessions(df, partitions).applyInPandasWithState(
+        SessionFunction(policy),
+        outputStructType=BLOCK_DDL,
+        stateStructType=STATE_DDL,
+        outputMode="append",
+        timeoutConf=GroupStateTimeout.ProcessingTimeTimeout,
+    )
+
+
+def group_sessions(df: Any, partitions: int) -> Any:
+    """``df``'s messages as ``INPUT_COLUMNS`` rows grouped by (session, placement slot): ``reconstruct``'s input.
+
+    Takes either row shape ``reconstruct`` takes; see its notes for the grouping.
+    """
+    from pyspark.sql import functions as F
 
     if "values" in df.columns:
         messages = [F.col(name) for name in INPUT_COLUMNS[3:]]
@@ -170,10 +185,4 @@ def reconstruct(df: Any, policy: PolicyConfig, partitions: int) -> Any:
         F.col("partition"),
         *messages,
     )
-    return prepared.groupBy("group_key", "slot").applyInPandasWithState(
-        SessionFunction(policy),
-        outputStructType=BLOCK_DDL,
-        stateStructType=STATE_DDL,
-        outputMode="append",
-        timeoutConf=GroupStateTimeout.ProcessingTimeTimeout,
-    )
+    return prepared.groupBy("group_key", "slot")
