@@ -139,6 +139,7 @@ def bare(kafka: KafkaConfig, ends: dict[tuple[str, int], int]) -> dict[str, Any]
     total = sum(ends.values())
     loads = orjson.loads
     n = 0
+    tree0 = tree_cpu()
     with PeakRss() as mem:
         t0 = time.perf_counter()
         c0 = time.process_time()
@@ -153,12 +154,14 @@ def bare(kafka: KafkaConfig, ends: dict[tuple[str, int], int]) -> dict[str, Any]
                 n += 1
         elapsed = time.perf_counter() - t0
         cpu = time.process_time() - c0
+    broker = broker_cpu(tree0, tree_cpu())
     consumer.close()
     return {
         "messages": n,
         "rate": n / elapsed,
         "elapsed_s": elapsed,
         "cpu_us_per_msg": cpu / n * 1e6,
+        "broker_cpu_us_per_msg": broker / n * 1e6,
         "peak_rss_bytes": mem.peak,
     }
 
@@ -186,6 +189,13 @@ def tree_cpu() -> dict[int, tuple[str, float]]:
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
     return out
+
+
+def broker_cpu(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]]) -> float:
+    """CPU seconds the embedded broker spent between two ``tree_cpu`` samples (0 for a ``--bootstrap`` cluster)."""
+    return sum(
+        cpu - before.get(pid, (kind, 0.0))[1] for pid, (kind, cpu) in after.items() if kind == "broker"
+    )
 
 
 def cpu_by_kind(
@@ -251,7 +261,9 @@ def pipeline(
         t0 = time.perf_counter()
         run(spark, config)
         elapsed = time.perf_counter() - t0
-    by_kind = cpu_by_kind(cpu0, tree_cpu())
+    cpu1 = tree_cpu()
+    by_kind = cpu_by_kind(cpu0, cpu1)
+    broker = broker_cpu(cpu0, cpu1)
     cpu = sum(by_kind.values())
     # Spark delivers progress events to the listener asynchronously: wait for the last batch's line.
     progress_file = config.output / "progress.jsonl"
@@ -296,6 +308,7 @@ def pipeline(
         "cpu_s": cpu,
         "cpu_s_by_process": by_kind,
         "cpu_us_per_msg": cpu / rows * 1e6,
+        "broker_cpu_us_per_msg": broker / rows * 1e6,
     }
 
 
@@ -365,7 +378,9 @@ def floor(
         )
         query.awaitTermination()
         elapsed = time.perf_counter() - t0
-    by_kind = cpu_by_kind(cpu0, tree_cpu())
+    cpu1 = tree_cpu()
+    by_kind = cpu_by_kind(cpu0, cpu1)
+    broker = broker_cpu(cpu0, cpu1)
     batches = [(batch_messages(p), p["durationMs"].get("triggerExecution", 0)) for p in query.recentProgress]
     batches = [b for b in batches if b[0]]
     shutil.rmtree(work, ignore_errors=True)
@@ -384,6 +399,7 @@ def floor(
         "peak_rss_bytes": mem.peak,
         "cpu_s_by_process": by_kind,
         "cpu_us_per_msg": cpu / rows * 1e6,
+        "broker_cpu_us_per_msg": broker / rows * 1e6,
     }
 
 
@@ -430,7 +446,7 @@ def main(argv: list[str] | None = None) -> int:
             b = bare(kafka, ends)
             results["bare"].append(b)
             print(
-                f"  run {r + 1}: bare     {b['rate']:10,.0f} msg/s  {b['cpu_us_per_msg']:5.2f} CPU us/msg  "
+                f"  run {r + 1}: bare     {b['rate']:10,.0f} msg/s  {b['cpu_us_per_msg']:5.2f} CPU us/msg (broker {b['broker_cpu_us_per_msg']:.1f})  "
                 f"peak {b['peak_rss_bytes'] / 2**20:,.0f} MiB",
                 flush=True,
             )
@@ -444,7 +460,7 @@ def main(argv: list[str] | None = None) -> int:
                     + ", ".join(
                         f"{k} {v / f['messages'] * 1e6:.0f}" for k, v in f["cpu_s_by_process"].items()
                     )
-                    + ")",
+                    + f"; broker {f['broker_cpu_us_per_msg']:.1f})",
                     flush=True,
                 )
             p = pipeline(spark, kafka, prefix, total, args)
@@ -456,7 +472,7 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"  run {r + 1}: pipeline {p['rate']:10,.0f} msg/s  ({len(p['batches'])} batches, "
                 f"{after or 0:,.0f} msg/s after the first batch of {p['first_batch_ms']} ms)  "
-                f"{p['cpu_us_per_msg']:5.1f} CPU us/msg ({per_kind})  "
+                f"{p['cpu_us_per_msg']:5.1f} CPU us/msg ({per_kind}; broker {p['broker_cpu_us_per_msg']:.1f})  "
                 f"peak {p['peak_rss_bytes'] / 2**20:,.0f} MiB",
                 flush=True,
             )

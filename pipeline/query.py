@@ -49,7 +49,10 @@ def start_query(spark: Any, config: PipelineConfig, writer: OutputWriter | None 
     """Build and start the query; the caller owns stopping it."""
     check_consistency(config.output, config.checkpoint)
     records = reconstruct(
-        read_source(spark, config), config.policy, placement_partitions(spark, config.checkpoint)
+        read_source(spark, config),
+        config.policy,
+        placement_partitions(spark, config.checkpoint),
+        str(config.output.absolute()),
     )
     stream = (
         records.writeStream.queryName(query_name(config))

@@ -14,10 +14,12 @@ from typing import Any
 
 import pandas as pd
 
+from pipeline.errors import PipelineError
 from pipeline.gcpause import gc_paused
 from pipeline.placement import slot
 from pipeline.policies import PolicyConfig
-from pipeline.records import BLOCK_DDL
+from pipeline.records import BLOCK_DDL, Records, with_every_column
+from pipeline.sinks import STAGING, WRITTEN_DDL, write_records
 from pipeline.state import Envelope, SessionProcessor, SessionState
 
 log = logging.getLogger(__name__)
@@ -31,6 +33,8 @@ NO_DATA_BATCHES = "spark.sql.streaming.noDataMicroBatches.enabled"
 # Columns handed to the state function: one row per key and partition with the messages as arrays (the
 # ``packRecords`` rows of the sotw-kafka source; Spark's own Kafka rows are wrapped into one-element arrays).
 INPUT_COLUMNS = ("key", "topic", "partition", "offsets", "values", "timestamps")
+# Spark's local property with the micro-batch a task belongs to (``MicroBatchExecution.BATCH_ID_KEY``).
+BATCH_ID_PROPERTY = "streaming.sql.batchId"
 
 
 def _timestamps(stamps: Any) -> list[Any]:
@@ -71,14 +75,19 @@ class SessionFunction:
     ----------
     policy
         The run's integrity policy and timeouts.
+    output
+        The output root whose batch staging directories the records are written to (``WRITTEN_DDL`` rows come
+        back); None hands the records back as blocks instead (``BLOCK_DDL``).
     """
 
-    def __init__(self, policy: PolicyConfig) -> None:
+    def __init__(self, policy: PolicyConfig, output: str | None = None) -> None:
         self.policy = policy
+        self.output = output
         self._processor: SessionProcessor | None = None
+        self._files = 0
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"policy": self.policy, "_processor": None}
+        return {"policy": self.policy, "output": self.output, "_processor": None, "_files": 0}
 
     def __call__(
         self, key: tuple[Any, ...], batches: Iterator[pd.DataFrame], state: Any
@@ -92,7 +101,7 @@ class SessionFunction:
             yield out
 
     def _step(self, batches: Iterator[pd.DataFrame], state: Any) -> pd.DataFrame | None:
-        """The group's output row (its record block and counts), or None if it consumed and emitted nothing."""
+        """The group's output rows (its records or files, and counts), or None if it consumed and emitted nothing."""
         if self._processor is None:
             self._processor = SessionProcessor(self.policy)
         processor = self._processor
@@ -116,11 +125,45 @@ class SessionFunction:
             state.setTimeoutDuration(max(1, new.deadline_ms - now_ms))
         if not (len(records) or consumed):
             return None
+        if self.output is not None:
+            return self._write(records, consumed, now_ms)
         block = records.to_block() if len(records) else None
         return pd.DataFrame({"block": [block], "rows": [len(records)], "messages": [consumed]})
 
+    def _write(self, records: Records, consumed: int, processed_ms: int) -> pd.DataFrame:
+        """Write the records into this batch's staging directory; one row per file, one with the counts.
 
-def reconstruct(df: Any, policy: PolicyConfig, partitions: int) -> Any:
+        ``processed_ms`` is Spark's batch timestamp (``getCurrentProcessingTimeMs``): the same in every task of
+        the batch, and again when the batch is replayed after a crash.
+        """
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        batch = ctx.getLocalProperty(BATCH_ID_PROPERTY) if ctx is not None else None
+        if ctx is None or batch is None:
+            raise PipelineError("records can be written only inside a streaming query's micro-batch")
+        files: list[tuple[str, str, int]] = []
+        if len(records):
+            self._files += 1
+            files = write_records(
+                with_every_column(records.to_arrow()),
+                f"{self.output}/{STAGING}/{batch}",
+                f"p{ctx.partitionId()}-a{ctx.attemptNumber()}-g{self._files}-{{i}}.parquet",
+                int(batch),
+                processed_ms,
+            )
+        return pd.DataFrame(
+            {
+                "dataset": [None, *(f[0] for f in files)],
+                "path": [None, *(f[1] for f in files)],
+                "rows": [0, *(f[2] for f in files)],
+                "messages": [consumed, *(0 for _ in files)],
+                "processed_ms": [processed_ms] * (len(files) + 1),
+            }
+        )
+
+
+def reconstruct(df: Any, policy: PolicyConfig, partitions: int, output: str | None = None) -> Any:
     """Rebuild every session's table from a Kafka-shaped streaming DataFrame, under ``policy``.
 
     Parameters
@@ -134,13 +177,19 @@ def reconstruct(df: Any, policy: PolicyConfig, partitions: int) -> Any:
     partitions
         The partition count the placement slots are computed with (``placement.placement_partitions``);
         sessions are spread over the state partitions by sensor (``pipeline.placement``).
+    output
+        The output root (``pipeline.sinks.OutputWriter``'s): each group's records are written to Parquet
+        right where they are made, into the micro-batch's staging directory, and only the files' names come
+        back. None returns the records themselves.
 
     Returns
     -------
     DataFrame
-        Record blocks (``pipeline.records.BLOCK_DDL``): per session and micro-batch, the flat records of
+        With ``output``: ``pipeline.sinks.WRITTEN_DDL`` rows, per session and micro-batch one with the
+        messages it consumed and one per file it wrote, for ``OutputWriter`` to publish. Without: record
+        blocks (``pipeline.records.BLOCK_DDL``), per session and micro-batch the flat records of
         ``docs/pipeline-outputs.md`` (``record`` = change, session, integrity or dead_letter) as one Arrow
-        block, in append mode; the sink unpacks them and adds ``batch_id`` and ``processed_ms``.
+        block, in append mode.
 
     Notes
     -----
@@ -153,8 +202,8 @@ def reconstruct(df: Any, policy: PolicyConfig, partitions: int) -> Any:
     from pyspark.sql.streaming.state import GroupStateTimeout
 
     return group_sessions(df, partitions).applyInPandasWithState(
-        SessionFunction(policy),
-        outputStructType=BLOCK_DDL,
+        SessionFunction(policy, output),
+        outputStructType=BLOCK_DDL if output is None else WRITTEN_DDL,
         stateStructType=STATE_DDL,
         outputMode="append",
         timeoutConf=GroupStateTimeout.ProcessingTimeTimeout,

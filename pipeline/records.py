@@ -104,7 +104,7 @@ _CHANGES_ONLY = pa.schema(
 """The schema of a block that holds only changes (most blocks): the columns a change leaves null are left out."""
 
 
-def _with_every_column(table: pa.Table) -> pa.Table:
+def with_every_column(table: pa.Table) -> pa.Table:
     """``table`` with ``ARROW_SCHEMA``'s columns in order, null columns added for those a block left out."""
     if table.schema.equals(ARROW_SCHEMA):
         return table
@@ -118,7 +118,7 @@ def from_blocks(blocks: Iterable[Any]) -> pa.Table:
 
     Empty if there are no blocks; columns a block left out (``to_block``) come back as nulls.
     """
-    tables = [_with_every_column(pa.ipc.open_stream(block).read_all()) for block in blocks]
+    tables = [with_every_column(pa.ipc.open_stream(block).read_all()) for block in blocks]
     return pa.concat_tables(tables) if tables else ARROW_SCHEMA.empty_table()
 
 

@@ -9,10 +9,12 @@ dead letters) from one stateful step, so ``OutputWriter`` does the same job by h
    interrupted attempt are removed.
 
 Spark replays an uncommitted batch with the same offsets after a crash, so each batch lands exactly once
-whether the process died before, during or after the write. The stateful step hands over Arrow record blocks
-(``pipeline.records``); ``BlockWriter`` unpacks them and writes the Parquet files inside Spark's tasks, in the
-same job that runs the stateful step, so nothing is cached and no record goes through the JVM's row format. ``check_consistency`` refuses to start when the
-checkpoint and the output no longer describe the same history, rather than silently skipping or repeating batches.
+whether the process died before, during or after the write. The stateful step writes each group's records
+to Parquet itself, into the batch's staging directory (``write_records``, called by
+``pipeline.reconstruct.SessionFunction``), and hands Spark only the names of the files; the driver publishes
+the files of the task attempts that succeeded. No record goes through the JVM, and nothing is cached.
+``check_consistency`` refuses to start when the checkpoint and the output no longer describe the same
+history, rather than silently skipping or repeating batches.
 """
 
 from __future__ import annotations
@@ -22,14 +24,11 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pipeline.errors import PipelineError
-from pipeline.gcpause import gc_paused
-from pipeline.records import from_blocks
 
 log = logging.getLogger(__name__)
 
@@ -69,97 +68,55 @@ PARTITIONS: dict[str, tuple[str, ...]] = {
 }
 
 
-# What each task of a batch reports back: one row per file written (``path`` null when nothing was written),
-# and one row with no dataset that counts the Kafka messages the task's sessions consumed.
-WRITTEN_DDL = "`dataset` string, `path` string, `rows` bigint, `messages` bigint"
+# What the stateful step reports per group when it writes its own records (``reconstruct`` with ``output``):
+# one row per file written, and one row (no dataset, no path) with the Kafka messages the group consumed and
+# the batch's processing time.
+WRITTEN_DDL = "`dataset` string, `path` string, `rows` bigint, `messages` bigint, `processed_ms` bigint"
 
 
-class BlockWriter:
-    """The ``mapInArrow`` function of one batch: unpack record blocks, write each dataset's Parquet files.
+def write_records(
+    records: Any, staging: str, basename: str, batch_id: int, processed_ms: int
+) -> list[tuple[str, str, int]]:
+    """Write one table of records (``pipeline.records.ARROW_SCHEMA``) into a batch's staging directory.
 
-    Files go to ``staging/<dataset>/<partition dirs>/p<task>-a<attempt>-<n>.parquet``; only the files the
-    successful task attempts report are published by the driver, so a failed attempt's leftovers never do.
-
-    Parameters
-    ----------
-    staging
-        The batch's staging directory.
-    batch_id, processed_ms
-        Columns added to every record.
-    write
-        False for a batch that is dropped on purpose (``--drop-batch``): records are counted, not written.
+    Each dataset gets the records of its kind, with ``batch_id``, ``processed_ms`` and the ``date`` partition
+    added, under ``staging/<dataset>/<partition dirs>/``; ``basename`` (with ``{i}``) must be unique within
+    the batch. Returns ``(dataset, path, rows)`` per file written, for the driver to publish.
     """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.dataset as ds
 
-    def __init__(self, staging: str, batch_id: int, processed_ms: int, write: bool = True) -> None:
-        self.staging = staging
-        self.batch_id = batch_id
-        self.processed_ms = processed_ms
-        self.write = write
-
-    def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
-        """Write the records of this task's blocks; yield (dataset, path, rows) per file."""
-        with gc_paused():
-            yield from self._write(batches)
-
-    def _write(self, batches: Iterator[Any]) -> Iterator[Any]:
-        import pyarrow as pa
-        import pyarrow.compute as pc
-        import pyarrow.dataset as ds
-        from pyspark import TaskContext
-
-        blocks: list[Any] = []
-        messages = 0
-        for batch in batches:
-            # Arrow buffers over the batch's memory: a block is read where it lies, not copied to bytes first.
-            blocks.extend(b.as_buffer() for b in batch.column("block") if b.is_valid)
-            messages += pc.sum(batch.column("messages")).as_py() or 0
-        schema = pa.schema(
-            [("dataset", pa.string()), ("path", pa.string()), ("rows", pa.int64()), ("messages", pa.int64())]
+    table = records
+    n = table.num_rows
+    if n == 0:
+        return []
+    when = pc.coalesce(table["event_ms"], pa.scalar(processed_ms, pa.int64()))
+    table = table.append_column("batch_id", pa.array([batch_id] * n, pa.int64()))
+    table = table.append_column("processed_ms", pa.array([processed_ms] * n, pa.int64()))
+    date = pc.cast(pc.cast(pc.cast(when, pa.timestamp("ms")), pa.date32()), pa.string())
+    table = table.append_column("date", date)
+    kinds = set(table["record"].unique().to_pylist())
+    out: list[tuple[str, str, int]] = []
+    for dataset in DATASETS:
+        if RECORD_OF[dataset] not in kinds:
+            continue
+        part = table if len(kinds) == 1 else table.filter(pc.equal(table["record"], RECORD_OF[dataset]))
+        cols = list(dict.fromkeys([*COLUMNS[dataset], "batch_id", "processed_ms", *PARTITIONS[dataset]]))
+        written: list[Any] = []
+        ds.write_dataset(
+            part.select(cols),
+            f"{staging}/{dataset}",
+            format="parquet",
+            partitioning=ds.partitioning(
+                pa.schema([(name, pa.string()) for name in PARTITIONS[dataset]]), flavor="hive"
+            ),
+            basename_template=basename,
+            existing_data_behavior="overwrite_or_ignore",
+            file_visitor=written.append,
         )
-        yield pa.RecordBatch.from_pydict(
-            {"dataset": [None], "path": [None], "rows": [0], "messages": [messages]}, schema=schema
-        )
-        table = from_blocks(blocks)
-        if table.num_rows == 0:
-            return
-        n = table.num_rows
-        when = pc.coalesce(table["event_ms"], pa.scalar(self.processed_ms, pa.int64()))
-        table = table.append_column("batch_id", pa.array([self.batch_id] * n, pa.int64()))
-        table = table.append_column("processed_ms", pa.array([self.processed_ms] * n, pa.int64()))
-        date = pc.cast(pc.cast(pc.cast(when, pa.timestamp("ms")), pa.date32()), pa.string())
-        table = table.append_column("date", date)
-        ctx = TaskContext.get()
-        task = f"p{ctx.partitionId()}-a{ctx.attemptNumber()}" if ctx is not None else "p0-a0"
-        out: dict[str, list[Any]] = {"dataset": [], "path": [], "rows": [], "messages": []}
-        for dataset in DATASETS:
-            part = table.filter(pc.equal(table["record"], RECORD_OF[dataset]))
-            if part.num_rows == 0:
-                continue
-            if not self.write:
-                out["dataset"].append(dataset)
-                out["path"].append(None)
-                out["rows"].append(part.num_rows)
-                out["messages"].append(0)
-                continue
-            cols = list(dict.fromkeys([*COLUMNS[dataset], "batch_id", "processed_ms", *PARTITIONS[dataset]]))
-            written: list[Any] = []
-            ds.write_dataset(
-                part.select(cols),
-                f"{self.staging}/{dataset}",
-                format="parquet",
-                partitioning=ds.partitioning(
-                    pa.schema([(name, pa.string()) for name in PARTITIONS[dataset]]), flavor="hive"
-                ),
-                basename_template=f"{task}-{{i}}.parquet",
-                existing_data_behavior="overwrite_or_ignore",
-                file_visitor=written.append,
-            )
-            for file in written:
-                out["dataset"].append(dataset)
-                out["path"].append(file.path)
-                out["rows"].append(file.metadata.num_rows)
-                out["messages"].append(0)
-        yield pa.RecordBatch.from_pydict(out, schema=schema)
+        out.extend((dataset, file.path, file.metadata.num_rows) for file in written)
+    return out
 
 
 def _atomic_write_json(path: Path, payload: dict[str, Any]) -> None:
@@ -304,24 +261,27 @@ class OutputWriter:
             # batch must still run to the end so the state store commits this version (Spark checks it).
             log.info("batch %d already in the output; not written again", batch_id)
             batch_df.write.format("noop").mode("overwrite").save()
+            shutil.rmtree(self.output / STAGING / str(batch_id), ignore_errors=True)
             try:
                 self._remember(batch_id, int(json.loads(marker.read_text()).get("messages", 0)))
             except (OSError, ValueError):
                 pass
             return
         self._clear_attempt(batch_id)
-        processed_ms = int(time.time() * 1000)
         staging = (self.output / STAGING / str(batch_id)).absolute()
-        writer = BlockWriter(str(staging), batch_id, processed_ms, write=batch_id not in self.drop_batches)
         counts = dict.fromkeys(DATASETS, 0)
         messages = 0
-        for dataset, path, rows, consumed in batch_df.mapInArrow(writer, WRITTEN_DDL).collect():
-            messages += consumed
+        processed_ms: int | None = None
+        # The stateful step writes its records into the staging directory itself (``reconstruct`` with
+        # ``output``); the rows say which files the successful task attempts wrote.
+        for dataset, path, rows, consumed, processed in batch_df.collect():
+            messages += consumed or 0
+            processed_ms = processed if processed_ms is None else processed_ms
             if dataset is not None:
                 counts[dataset] += rows
-            if path is not None:
+            if path is not None and batch_id not in self.drop_batches:
                 self._publish(staging / dataset, Path(path), self.output / dataset, batch_id)
-        shutil.rmtree(self.output / STAGING / str(batch_id), ignore_errors=True)
+        shutil.rmtree(staging, ignore_errors=True)
         committed_ms = int(time.time() * 1000)
         (self.output / COMMITS).mkdir(parents=True, exist_ok=True)
         rows = counts
@@ -329,7 +289,7 @@ class OutputWriter:
             marker,
             {
                 "batch_id": batch_id,
-                "processed_ms": processed_ms,
+                "processed_ms": processed_ms if processed_ms is not None else committed_ms,
                 "committed_ms": committed_ms,
                 "rows": rows,
                 "messages": messages,

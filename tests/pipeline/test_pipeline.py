@@ -85,6 +85,15 @@ def test_a_fault_free_run_is_rebuilt_exactly(spark, kafka, simulate, tmp_path):
     assert sum(1 for c in changes if c["op"] != "snapshot") == updates
     text = render(summarize_output(cfg.output), cfg.output)
     assert f"ok                 {len(truth):>8,}" in text
+    # Every row names the batch that wrote it and when that batch ran, as the batch's commit marker does,
+    # and nothing is left in staging.
+    markers = {
+        b: json.loads((cfg.output / "_commits" / f"{b}.json").read_text())
+        for b in committed_batches(cfg.output)
+    }
+    for row in [*changes, *out.values()]:
+        assert row["processed_ms"] == markers[row["batch_id"]]["processed_ms"]
+    assert not list((cfg.output / "_staging").rglob("*.parquet"))
     # The progress log: one line per committed batch, counting every delivered message once, with the lag.
     progress = [json.loads(line) for line in cfg.progress_file.read_text().splitlines()]
     assert [p["batchId"] for p in progress] == committed_batches(cfg.output)
