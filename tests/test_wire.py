@@ -98,6 +98,11 @@ def test_row_templates_filled_with_encoded_floats_encode_byte_for_byte_what_enco
     assert wire.row_template({"id": 9}) == b'{"id":9}'
 
 
+def _with(fields: dict, old: bytes, new: str) -> bytes:
+    """An update of ``fields`` and row ``{"id": 1, "v": 1}`` with one piece of its JSON text replaced."""
+    return wire.orjson.dumps({**fields, "row": {"id": 1, "v": 1}}).replace(old, new.encode())
+
+
 def _variants() -> list[bytes]:
     """Valid updates and near misses of every rule an update must keep."""
     good = {"sensor": "a", "session": "s-1", "seq": 3, "kind": "update", "ts": 7, "op": "upsert"}
@@ -120,7 +125,43 @@ def _variants() -> list[bytes]:
         out.append(wire.orjson.dumps({**{k: v for k, v in good.items() if k != field}, "row": row}))
     for bad_row in [None, [], {"v": 1}, {"id": "1", "v": 1}, {"id": True, "v": 1}, {"id": 1}]:
         out.append(wire.orjson.dumps({**good, "row": bad_row}))
-    out += [b"not json", b"[]", b""]
+    out += [b"not json", b"[]", b"", b'{"seq": 3, "seq": -1}']
+    # Repeated keys: the last one counts, in both.
+    out.append(wire.encode_update("a", "s-1", 3, 7, "upsert", row)[:-1] + b',"seq":4}')
+    out.append(wire.encode_update("a", "s-1", 3, 7, "upsert", row)[:-1] + b',"kind":"end"}')
+    # Integers at the edges of int64; beyond 64 bits orjson makes them floats, which break these rules.
+    for big in (2**63 - 1, -(2**63), 2**70, -(2**70)):
+        out.append(_with(good, b'"ts":7', f'"ts":{big}'))
+        out.append(_with(good, b'"id":1', f'"id":{big}'))
+        if 0 <= big < 2**63:
+            out.append(_with(good, b'"seq":3', f'"seq":{big}'))
+        if -(2**63) <= big < 2**63:
+            out.append(_with(good, b'"v":1', f'"v":{big}'))
+    out += [
+        wire.encode_update("a", "s-1", 3, 7, "upsert", row).replace(b'"v":0.5', rb'"v":"\ud800"'),
+        b'{"sensor":"a\xff","session":"s-1","seq":3,"kind":"update","ts":7,"op":"upsert","row":{"id":1,"v":1}}',
+        wire.encode_update("a", "s-1", 3, 7, "upsert", row) + b" x",
+        wire.encode_update("a", "s-1", 3, 7, "upsert", row).replace(b'"v":0.5', b'"v":NaN'),
+        wire.encode_update("a", "s-1", 3, 7, "upsert", row).replace(b'"v":0.5', b'"v":1e400'),
+    ]
+    return out
+
+
+def _left_to_decode() -> list[bytes]:
+    """Valid updates that the hot path leaves to ``decode``: values its schema does not take.
+
+    These cost the general path's time, and nothing else: ``decode`` accepts them as it always did.
+    """
+    good = {"sensor": "a", "session": "s-1", "seq": 3, "kind": "update", "ts": 7, "op": "upsert"}
+    out = [
+        wire.encode_update("a", "s-1", 3, 7, "upsert", {"id": 1, "v": [1, 2]}),
+        wire.encode_update("a", "s-1", 3, 7, "upsert", {"id": 1, "v": {"x": 0.5}}),
+        # Integers beyond int64: orjson keeps those below 2**64 as integers and makes the others floats.
+        _with(good, b'"v":1', f'"v":{2**64 - 1}'),
+        _with(good, b'"v":1', f'"v":{2**70}'),
+        _with(good, b'"v":1', f'"v":{-(2**70)}'),
+        _with(good, b'"seq":3', f'"seq":{2**63}'),
+    ]
     return out
 
 
@@ -134,3 +175,9 @@ def test_plain_update_accepts_exactly_the_updates_decode_accepts(value):
     if msg is not None and msg.kind == "update":
         expected = (msg.sensor, msg.seq, msg.ts, msg.op, msg.row)
     assert wire.plain_update(value, b"s-1") == expected
+
+
+@pytest.mark.parametrize("value", _left_to_decode())
+def test_plain_update_leaves_updates_with_nested_or_huge_values_to_decode(value):
+    assert wire.decode(value, key=b"s-1").kind == "update"
+    assert wire.plain_update(value, b"s-1") is None
