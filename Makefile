@@ -15,6 +15,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade "pip>=25.1"
 	$(BIN)/python -m pip install --quiet -e . --group dev
+	$(BIN)/python -m sotw.pysparkpath
 	@touch $(STAMP)
 
 setup: $(STAMP) ## Create .venv, install sotw and check Java 17+

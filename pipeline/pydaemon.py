@@ -14,7 +14,7 @@ spark.python.daemon.module=pyspark.daemon`` turns it off). It drops the zips fro
 interpreter has the packages themselves installed beside them on its path (a pip install ships the zips
 inside the pyspark package), imports what the workers import, freezes those objects out of the garbage
 collector's view (``gc.freeze``: collections in the workers do not walk them) and then runs PySpark's own
-daemon unchanged. Preloading is best effort: a module that fails to import is reported on stderr and left
+daemon unchanged (``sotw.pysparkpath``'s ``.pth`` file, where installed, has already dropped the zips). Preloading is best effort: a module that fails to import is reported on stderr and left
 to the worker, as before. It runs on Linux only: after it the daemon has threads (OpenBLAS's, from numpy,
 and jemalloc's, from pyarrow) when it forks, which both libraries handle with fork handlers on Linux; other
 systems keep PySpark's import-after-fork.
@@ -26,6 +26,8 @@ import gc
 import importlib
 import os
 import sys
+
+from sotw.pysparkpath import drop_bundled_zips
 
 #: What a sotw worker imports: PySpark's worker and its pandas/Arrow paths, and sotw's task-side modules.
 PRELOAD = (
@@ -44,35 +46,9 @@ PRELOAD = (
 )
 
 
-def installed_beside(entry: str, path: list[str] | None = None) -> bool:
-    """True if ``entry`` is a zip inside an installed package whose own directory Python can import instead.
-
-    A pip-installed PySpark keeps ``.../site-packages/pyspark/python/lib/pyspark.zip`` and
-    ``.../py4j-<version>-src.zip``; the packages themselves are ``.../site-packages/pyspark`` and
-    ``.../site-packages/py4j``. ``path`` is the import path to check against (default ``sys.path``).
-    """
-    path = sys.path if path is None else path
-    if not entry.endswith(".zip"):
-        return False
-    name = os.path.basename(entry)
-    package = "pyspark" if name == "pyspark.zip" else "py4j" if name.startswith("py4j-") else None
-    if package is None:
-        return False
-    lib = os.path.dirname(entry)
-    site = os.path.dirname(os.path.dirname(os.path.dirname(lib)))  # .../site-packages
-    # The zip must sit in an installed pyspark, and that installation must be the one this interpreter
-    # imports once the zip is gone (a PYSPARK_PYTHON from another environment keeps its zips).
-    on_path = {os.path.realpath(p) for p in path if p and not p.endswith(".zip")}
-    return (
-        os.path.basename(os.path.dirname(os.path.dirname(lib))) == "pyspark"
-        and os.path.isfile(os.path.join(site, package, "__init__.py"))
-        and os.path.realpath(site) in on_path
-    )
-
-
 def prepare() -> None:
     """Import pyspark from the installed package and preload the workers' modules (see the module doc)."""
-    sys.path[:] = [p for p in sys.path if not installed_beside(p)]
+    drop_bundled_zips()
     if sys.platform != "linux":
         return
     # The daemon tells the JVM its port on stdout: nothing an import prints, from Python or from C, may

@@ -3,6 +3,8 @@ Python workers start from sotw's daemon with pyspark imported from the installed
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,8 +13,9 @@ from typing import Any
 import pandas as pd
 import pyspark
 
-from pipeline.pydaemon import installed_beside
+import sotw
 from pipeline.spark import SparkConfig, driver_java_options
+from sotw.pysparkpath import install, installed_beside
 
 
 def test_the_spark_jvm_runs_with_the_driver_java_options(spark: Any) -> None:
@@ -65,3 +68,24 @@ def test_only_zips_shipped_inside_the_pyspark_this_python_imports_are_dropped(tm
         (home / name).write_bytes(b"")
         assert not installed_beside(str(home / name), [*sys.path, str(tmp_path)])
     assert not installed_beside(str(Path(pyspark.__file__).parent))  # not a zip
+
+
+def test_a_python_started_the_way_spark_starts_one_imports_the_installed_pyspark(tmp_path: Path) -> None:
+    """Spark puts its zips first on ``PYTHONPATH``; with sotw's ``.pth`` the installed package wins."""
+    lib = Path(pyspark.__file__).parent / "python" / "lib"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(p) for p in sorted(lib.glob("*.zip")))}
+    # The installed packages (and sotw) on the path as a site directory puts them there, without running the
+    # environment's own .pth files; then the site directory under test, if any.
+    paths = [str(Path(pyspark.__file__).parent.parent), str(Path(sotw.__file__).parent.parent)]
+    probe = "import pyspark, py4j; print(pyspark.__file__, py4j.__file__)"
+
+    def imported(site: Path | None) -> list[str]:
+        add = "" if site is None else f"import site; site.addsitedir({str(site)!r}); "
+        code = f"import sys; sys.path.extend({paths!r}); {add}{probe}"
+        run = subprocess.run([sys.executable, "-S", "-c", code], env=env, capture_output=True, text=True)
+        assert run.returncode == 0, run.stderr
+        return run.stdout.split()
+
+    assert all(".zip" in f for f in imported(None))  # Python alone takes the zips, as Spark asks
+    install(tmp_path)
+    assert imported(tmp_path) == [pyspark.__file__, sys.modules["py4j"].__file__]
