@@ -423,6 +423,9 @@ def main(argv: list[str] | None = None) -> int:
         "--floor", action="store_true", help="also run the decode-only floor of the architecture each round"
     )
     parser.add_argument("--event-log", type=Path, help="write Spark's event log here (stage and task times)")
+    parser.add_argument(
+        "--conf", action="append", default=[], metavar="KEY=VALUE", help="another Spark setting (repeatable)"
+    )
     parser.add_argument("--json", type=Path, default=Path("runs/bench-pipeline-vs-bare.json"))
     args = parser.parse_args(argv)
 
@@ -431,10 +434,10 @@ def main(argv: list[str] | None = None) -> int:
         ends = fill_backlog(kafka, prefix, args)
         total = sum(ends.values())
         t0 = time.perf_counter()
-        extra = {}
+        extra = dict(kv.split("=", 1) for kv in args.conf)
         if args.event_log:
             args.event_log.mkdir(parents=True, exist_ok=True)
-            extra = {
+            extra |= {
                 "spark.eventLog.enabled": "true",
                 "spark.eventLog.compress": "false",
                 "spark.eventLog.dir": args.event_log.resolve().as_uri(),

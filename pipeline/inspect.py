@@ -13,7 +13,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.dataset as ds
 
-from pipeline.sinks import DATASETS, committed_batches
+from pipeline.sinks import DATASETS, PARTITIONS, committed_batches
 
 
 def read_dataset(output: Path, name: str, columns: list[str] | None = None) -> pa.Table | None:
@@ -21,7 +21,10 @@ def read_dataset(output: Path, name: str, columns: list[str] | None = None) -> p
     root = output / name
     if not root.is_dir() or not any(root.rglob("*.parquet")):
         return None
-    dataset = ds.dataset(str(root), format="parquet", partitioning="hive")
+    # Partition values are strings: inferred, a sensor called "0007" would come back as a number, and a dataset
+    # whose only partition is null (records with no sensor) could not be read at all.
+    keys = pa.schema([(key, pa.string()) for key in PARTITIONS[name]])
+    dataset = ds.dataset(str(root), format="parquet", partitioning=ds.partitioning(keys, flavor="hive"))
     committed = committed_batches(output)
     if not committed:
         return None

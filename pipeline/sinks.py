@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from pipeline.errors import PipelineError
 
@@ -36,6 +37,8 @@ DATASETS = ("changes", "sessions", "integrity", "dead_letters")
 OWNER_FILE = "_sotw.json"
 COMMITS = "_commits"
 STAGING = "_staging"
+HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
+"""How a Hive partition directory names a null value (pyarrow's default ``null_fallback``)."""
 
 # The columns of each dataset, in order; `sensor`/`date` are the partition columns (see docs/pipeline-outputs.md).
 COLUMNS: dict[str, tuple[str, ...]] = {
@@ -79,13 +82,14 @@ def write_records(
 ) -> list[tuple[str, str, int]]:
     """Write one table of records (``pipeline.records.ARROW_SCHEMA``) into a batch's staging directory.
 
-    Each dataset gets the records of its kind, with ``batch_id``, ``processed_ms`` and the ``date`` partition
-    added, under ``staging/<dataset>/<partition dirs>/``; ``basename`` (with ``{i}``) must be unique within
-    the batch. Returns ``(dataset, path, rows)`` per file written, for the driver to publish.
+    Each dataset gets the records of its kind, with ``batch_id`` and ``processed_ms`` added, as one Parquet
+    file ``basename`` per partition directory under ``staging/<dataset>/`` (Hive style, as
+    ``pyarrow.dataset`` writes and reads them); ``basename`` must be unique within the batch. Returns
+    ``(dataset, path, rows)`` per file written, for the driver to publish.
     """
     import pyarrow as pa
     import pyarrow.compute as pc
-    import pyarrow.dataset as ds
+    import pyarrow.parquet as pq
 
     table = records
     n = table.num_rows
@@ -102,21 +106,31 @@ def write_records(
         if RECORD_OF[dataset] not in kinds:
             continue
         part = table if len(kinds) == 1 else table.filter(pc.equal(table["record"], RECORD_OF[dataset]))
-        cols = list(dict.fromkeys([*COLUMNS[dataset], "batch_id", "processed_ms", *PARTITIONS[dataset]]))
-        written: list[Any] = []
-        ds.write_dataset(
-            part.select(cols),
-            f"{staging}/{dataset}",
-            format="parquet",
-            partitioning=ds.partitioning(
-                pa.schema([(name, pa.string()) for name in PARTITIONS[dataset]]), flavor="hive"
-            ),
-            basename_template=basename,
-            existing_data_behavior="overwrite_or_ignore",
-            file_visitor=written.append,
-        )
-        out.extend((dataset, file.path, file.metadata.num_rows) for file in written)
+        keys = PARTITIONS[dataset]
+        cols = [c for c in dict.fromkeys([*COLUMNS[dataset], "batch_id", "processed_ms"]) if c not in keys]
+        for values, rows in _partitioned(part, keys):
+            directory = os.path.join(staging, dataset, *map(_hive_segment, keys, values))
+            os.makedirs(directory, exist_ok=True)
+            path = os.path.join(directory, basename)
+            pq.write_table(rows.select(cols), path)
+            out.append((dataset, path, rows.num_rows))
     return out
+
+
+def _partitioned(table: Any, keys: tuple[str, ...]) -> list[tuple[tuple[Any, ...], Any]]:
+    """``table``'s rows per distinct value of the ``keys`` columns (usually one: a session's sensor and day)."""
+    columns = [table[k].unique() for k in keys]
+    if all(len(c) == 1 for c in columns):
+        return [(tuple(c[0].as_py() for c in columns), table)]
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    for i, values in enumerate(zip(*(table[k].to_pylist() for k in keys), strict=True)):
+        groups.setdefault(values, []).append(i)
+    return [(values, table.take(rows)) for values, rows in groups.items()]
+
+
+def _hive_segment(key: str, value: Any) -> str:
+    """A Hive partition directory name, encoded exactly as ``pyarrow.dataset``'s hive partitioning does."""
+    return f"{key}={HIVE_NULL if value is None else quote(str(value), safe='')}"
 
 
 def _atomic_write_json(path: Path, payload: dict[str, Any]) -> None:

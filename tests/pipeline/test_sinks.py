@@ -1,9 +1,12 @@
 import json
 
+import pyarrow as pa
+import pyarrow.dataset as ds
 import pytest
 
 from pipeline.errors import PipelineError
-from pipeline.sinks import OWNER_FILE, check_consistency, committed_batches
+from pipeline.records import Records, with_every_column
+from pipeline.sinks import OWNER_FILE, PARTITIONS, check_consistency, committed_batches, write_records
 
 
 def _checkpoint(tmp_path, query_id, commits):
@@ -68,3 +71,36 @@ def test_a_damaged_checkpoint_is_named(tmp_path):
     out = _output(tmp_path, "q1", [0])
     with pytest.raises(PipelineError, match="damaged"):
         check_consistency(out, ckpt)
+
+
+def test_records_are_written_where_hive_partitioning_reads_them_back_whatever_the_sensor_is_called(tmp_path):
+    records = Records()
+    day = 1_795_500_000_000  # 2026-11-24
+    sensors = ["sensor-0001", "a b/c", "ü=100%"]
+    for k, sensor in enumerate(sensors):
+        records.change(sensor, f"s{k}", "t", 0, k, 1, day + k, 7, "upsert", '{"id":7}')
+    records.change("sensor-0001", "s0", "t", 0, 9, 2, day + 86_400_000, 8, "delete", None)  # the next day
+    records.integrity("gap", sensor=None, session="s9", topic="t", partition=0, offset=3, event_ms=None)
+    table = with_every_column(records.to_arrow())
+
+    written = write_records(table, str(tmp_path / "staging"), "p0-a0-g1.parquet", 4, day + 5)
+
+    def read(dataset: str) -> list[dict]:
+        keys = pa.schema([(key, pa.string()) for key in PARTITIONS[dataset]])
+        root = str(tmp_path / "staging" / dataset)
+        return ds.dataset(root, partitioning=ds.partitioning(keys, flavor="hive")).to_table().to_pylist()
+
+    assert sorted((d, n) for d, _, n in written) == [
+        ("changes", 1),
+        ("changes", 1),
+        ("changes", 1),
+        ("changes", 1),
+        ("integrity", 1),
+    ]
+    changes = read("changes")
+    assert sorted((c["sensor"], c["date"], c["seq"], c["batch_id"]) for c in changes) == sorted(
+        [(s, "2026-11-24", 1, 4) for s in sensors] + [("sensor-0001", "2026-11-25", 2, 4)]
+    )
+    gaps = read("integrity")
+    # No event time: the day of the batch's processing time; no sensor: Hive's null partition.
+    assert [(g["sensor"], g["date"], g["processed_ms"]) for g in gaps] == [(None, "2026-11-24", day + 5)]
