@@ -2,21 +2,26 @@
 
 Run with ``.venv/bin/pytest benchmarks/test_pipeline_bench.py --benchmark-only``. One session of a 200-row
 table (a snapshot) and 5,000 upserts, as the simulator writes them, goes through ``SessionProcessor.apply``
-(decode, sequence checks, table update, canonical row JSON); the second benchmark adds what
-``pipeline.reconstruct`` does around it in a Python worker: the records' conversion to the Arrow block
-handed back to Spark (``Records.to_block``) and the sink's reading of it (``pipeline.records.from_blocks``);
-the third times that round trip alone and records the block's size.
+(decode, sequence checks, table update, canonical row JSON); the second adds what
+``pipeline.reconstruct`` does after it in a Python worker: the records as one Arrow table, written to
+Parquet (``pipeline.sinks.write_records``). The third times the Arrow block round trip that ``reconstruct``
+without an output root hands back instead, and records the block's size; the last two time the hot path's
+decode of the 5,000 updates (``sotw.wire.plain_update``) against ``orjson.loads`` alone.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
+import orjson
 import pytest
 
 from pipeline.policies import PolicyConfig
-from pipeline.records import from_blocks
+from pipeline.records import from_blocks, with_every_column
+from pipeline.sinks import write_records
 from pipeline.state import Envelope, SessionProcessor
-from sotw.wire import encode_snapshot, encode_update
+from sotw.wire import encode_snapshot, encode_update, plain_update
 
 SENSOR = "0007"
 SESSION = "0007-0123456789ab-00001"
@@ -58,25 +63,47 @@ def test_session_processor_applies_a_200_row_session_with_5000_upserts(
     assert len(out.changes) == ROWS + UPSERTS
 
 
-def test_processor_plus_conversion_to_an_arrow_block(
-    benchmark: pytest.FixtureRequest, envelopes: list[Envelope]
+def test_processor_plus_writing_the_records_to_parquet(
+    benchmark: pytest.FixtureRequest, envelopes: list[Envelope], tmp_path: Path
 ) -> None:
     processor = SessionProcessor(PolicyConfig("ordered"))
+    runs = iter(range(10**9))
 
-    def step() -> bytes:
+    def step() -> list[tuple[str, str, int]]:
         _, out = processor.apply(None, envelopes, 10_000)
-        return out.to_block()
+        table = with_every_column(out.to_arrow())
+        return write_records(table, str(tmp_path), f"p0-a0-g{next(runs)}.parquet", 1, 1_795_000_000_000)
 
-    block = benchmark(step)
-    assert from_blocks([block]).num_rows == ROWS + UPSERTS
+    written = benchmark(step)
+    assert sum(rows for _, _, rows in written) == ROWS + UPSERTS
 
 
 def test_records_to_an_arrow_block_and_back(
     benchmark: pytest.FixtureRequest, envelopes: list[Envelope]
 ) -> None:
-    """The block alone: what the state function hands Spark and the sink reads back, per session and batch."""
+    """The block alone: what ``reconstruct`` without an output root hands Spark per session and batch."""
     _, out = SessionProcessor(PolicyConfig("ordered")).apply(None, envelopes, 10_000)
     table = benchmark(lambda: from_blocks([out.to_block()]))
     assert table.num_rows == ROWS + UPSERTS
     assert table.to_pylist()[-1] == out.rows()[-1]
     benchmark.extra_info["block_bytes"] = len(out.to_block())
+
+
+@pytest.fixture(scope="module")
+def updates(envelopes: list[Envelope]) -> list[bytes]:
+    return [e.value for e in envelopes[1:] if e.value is not None]
+
+
+def test_plain_update_decodes_and_checks_5000_updates(
+    benchmark: pytest.FixtureRequest, updates: list[bytes]
+) -> None:
+    key = SESSION.encode()
+    decoded = benchmark(lambda: [plain_update(v, key) for v in updates])
+    assert all(d is not None for d in decoded) and len(decoded) == UPSERTS
+
+
+def test_orjson_loads_alone_of_the_same_5000_updates(
+    benchmark: pytest.FixtureRequest, updates: list[bytes]
+) -> None:
+    loads = orjson.loads
+    assert len(benchmark(lambda: [loads(v) for v in updates])) == UPSERTS
