@@ -148,7 +148,7 @@ class SessionFunction:
             files = write_records(
                 with_every_column(records.to_arrow()),
                 f"{self.output}/{STAGING}/{batch}",
-                f"p{ctx.partitionId()}-a{ctx.attemptNumber()}-g{self._files}.parquet",
+                f"p{ctx.partitionId()}-t{ctx.taskAttemptId()}-g{self._files}.parquet",
                 int(batch),
                 processed_ms,
             )

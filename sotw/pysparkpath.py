@@ -13,7 +13,7 @@ installed beside them (``installed_beside``), before anything can import pyspark
 Docker image run ``python -m sotw.pysparkpath``; without it everything works the same, only slower to start.
 ``pipeline.pydaemon`` drops the zips in the worker daemon either way.
 
-This module imports nothing but the standard library: the ``.pth`` imports it in every Python process.
+The ``.pth`` line holds a copy of this module's two functions, not an import of it (``pth_line``).
 """
 
 from __future__ import annotations
@@ -24,12 +24,6 @@ import sysconfig
 from pathlib import Path
 
 PTH_NAME = "sotw-pyspark-site.pth"
-# A .pth line that starts with "import" is executed by ``site``; the guard keeps a venv whose sotw was
-# uninstalled from printing an import error at every start.
-PTH_LINE = (
-    'import sys; exec("try:\\n from sotw.pysparkpath import drop_bundled_zips\\n'
-    'except ImportError:\\n pass\\nelse:\\n drop_bundled_zips()")\n'
-)
 
 
 def installed_beside(entry: str, path: list[str] | None = None) -> bool:
@@ -64,10 +58,24 @@ def drop_bundled_zips() -> None:
         sys.path[:] = [p for p in sys.path if not installed_beside(p)]
 
 
+def pth_line() -> str:
+    """The ``.pth`` line: ``installed_beside`` and ``drop_bundled_zips``'s own source, run at start-up.
+
+    ``site`` executes a ``.pth`` line that starts with ``import``. The line carries a copy of the two
+    functions instead of importing this module, so that starting Python never imports the ``sotw`` package
+    (which would pin every process to this installation's copy, whatever else is on its path). It runs in
+    a namespace of its own; ``make setup`` writes it again after an upgrade.
+    """
+    import inspect
+
+    code = "import os, sys\n" + inspect.getsource(installed_beside) + inspect.getsource(drop_bundled_zips)
+    return f"import sys; exec({code + 'drop_bundled_zips()' + chr(10)!r}, {{}})\n"
+
+
 def install(site_packages: Path | None = None) -> Path:
     """Write the ``.pth`` file into ``site_packages`` (default: this environment's); return its path."""
     target = Path(site_packages or sysconfig.get_paths()["purelib"]) / PTH_NAME
-    target.write_text(PTH_LINE)
+    target.write_text(pth_line())
     return target
 
 

@@ -175,12 +175,13 @@ def _check_row(row: Any, where: str, need_columns: bool) -> dict[str, Any]:
 
 # The hot path's decoder: msgspec checks every type rule of a plain update in C while it parses, so Python
 # checks only what a schema cannot say. Integers are held to int64 (orjson, which the reference ``decode``
-# uses, turns integers beyond 64 bits into floats, so such a value must not pass here), and row values to the
-# scalars: anything else takes the reference path.
+# uses, turns integers beyond 64 bits into floats, so such a value must not pass here), row values to the
+# scalars, and the fields to the update's own (msgspec skips an unknown field's value without checking it as
+# JSON, so bad UTF-8 or an overflowing number there would pass): anything else takes the reference path.
 _I64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
 
 
-class _PlainUpdate(msgspec.Struct):
+class _PlainUpdate(msgspec.Struct, forbid_unknown_fields=True):
     sensor: str
     session: Annotated[str, msgspec.Meta(min_length=1)]
     seq: Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]

@@ -144,6 +144,9 @@ def _variants() -> list[bytes]:
         wire.encode_update("a", "s-1", 3, 7, "upsert", row).replace(b'"v":0.5', b'"v":NaN'),
         wire.encode_update("a", "s-1", 3, 7, "upsert", row).replace(b'"v":0.5', b'"v":1e400'),
     ]
+    # Invalid JSON inside a field an update does not have.
+    for extra in (b'"x":"\xff"', b'"x":1e400', b'"x":-1e400', b'"x":[1,{"a\xff":"b"}]', b'"x\xff":1'):
+        out.append(wire.encode_update("a", "s-1", 3, 7, "upsert", row)[:-1] + b"," + extra + b"}")
     return out
 
 
@@ -161,6 +164,8 @@ def _left_to_decode() -> list[bytes]:
         _with(good, b'"v":1', f'"v":{2**70}'),
         _with(good, b'"v":1', f'"v":{-(2**70)}'),
         _with(good, b'"seq":3', f'"seq":{2**63}'),
+        # A field an update does not have (the wire format allows them).
+        wire.encode_update("a", "s-1", 3, 7, "upsert", {"id": 1, "v": 1})[:-1] + b',"note":"x"}',
     ]
     return out
 
