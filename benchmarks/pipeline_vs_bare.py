@@ -154,7 +154,7 @@ def bare(kafka: KafkaConfig, ends: dict[tuple[str, int], int]) -> dict[str, Any]
                 n += 1
         elapsed = time.perf_counter() - t0
         cpu = time.process_time() - c0
-    broker = broker_cpu(tree0, tree_cpu())
+    broker = cpu_by_kind(tree0, tree_cpu()).get("broker", 0.0)
     consumer.close()
     return {
         "messages": n,
@@ -191,24 +191,18 @@ def tree_cpu() -> dict[int, tuple[str, float]]:
     return out
 
 
-def broker_cpu(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]]) -> float:
-    """CPU seconds the embedded broker spent between two ``tree_cpu`` samples (0 for a ``--bootstrap`` cluster)."""
-    return sum(
-        cpu - before.get(pid, (kind, 0.0))[1] for pid, (kind, cpu) in after.items() if kind == "broker"
-    )
-
-
 def cpu_by_kind(
     before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]]
 ) -> dict[str, float]:
-    """CPU seconds spent between two ``tree_cpu`` samples, per kind of process (broker left out).
+    """CPU seconds spent between two ``tree_cpu`` samples, per kind of process.
 
-    A Python worker that exited in between is missed; Spark reuses its workers, so few do.
+    The embedded broker's share is under ``broker`` (absent for a ``--bootstrap`` cluster); the sides pop it,
+    since it is not the side's own CPU. A Python worker that exited in between is missed; Spark reuses its
+    workers, so few do.
     """
     out: dict[str, float] = {}
     for pid, (kind, cpu) in after.items():
-        if kind != "broker":
-            out[kind] = out.get(kind, 0.0) + cpu - before.get(pid, (kind, 0.0))[1]
+        out[kind] = out.get(kind, 0.0) + cpu - before.get(pid, (kind, 0.0))[1]
     return out
 
 
@@ -261,9 +255,8 @@ def pipeline(
         t0 = time.perf_counter()
         run(spark, config)
         elapsed = time.perf_counter() - t0
-    cpu1 = tree_cpu()
-    by_kind = cpu_by_kind(cpu0, cpu1)
-    broker = broker_cpu(cpu0, cpu1)
+    by_kind = cpu_by_kind(cpu0, tree_cpu())
+    broker = by_kind.pop("broker", 0.0)
     cpu = sum(by_kind.values())
     # Spark delivers progress events to the listener asynchronously: wait for the last batch's line.
     progress_file = config.output / "progress.jsonl"
@@ -378,9 +371,8 @@ def floor(
         )
         query.awaitTermination()
         elapsed = time.perf_counter() - t0
-    cpu1 = tree_cpu()
-    by_kind = cpu_by_kind(cpu0, cpu1)
-    broker = broker_cpu(cpu0, cpu1)
+    by_kind = cpu_by_kind(cpu0, tree_cpu())
+    broker = by_kind.pop("broker", 0.0)
     batches = [(batch_messages(p), p["durationMs"].get("triggerExecution", 0)) for p in query.recentProgress]
     batches = [b for b in batches if b[0]]
     shutil.rmtree(work, ignore_errors=True)

@@ -11,6 +11,7 @@ decode of the 5,000 updates (``sotw.wire.plain_update``) against ``orjson.loads`
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -67,7 +68,7 @@ def test_processor_plus_writing_the_records_to_parquet(
     benchmark: pytest.FixtureRequest, envelopes: list[Envelope], tmp_path: Path
 ) -> None:
     processor = SessionProcessor(PolicyConfig("ordered"))
-    runs = iter(range(10**9))
+    runs = itertools.count()
 
     def step() -> list[tuple[str, str, int]]:
         _, out = processor.apply(None, envelopes, 10_000)

@@ -14,8 +14,9 @@ spark.python.daemon.module=pyspark.daemon`` turns it off). It drops the zips fro
 interpreter has the packages themselves installed beside them on its path (a pip install ships the zips
 inside the pyspark package), imports what the workers import, freezes those objects out of the garbage
 collector's view (``gc.freeze``: collections in the workers do not walk them) and then runs PySpark's own
-daemon unchanged (``sotw.pysparkpath``'s ``.pth`` file, where installed, has already dropped the zips). Preloading is best effort: a module that fails to import is reported on stderr and left
-to the worker, as before. It runs on Linux only: after it the daemon has threads (OpenBLAS's, from numpy,
+daemon unchanged. Where ``sotw.pysparkpath``'s ``.pth`` file is installed, the zips are already gone.
+Preloading is best effort: a module that fails to import is reported on stderr and left to the worker, as
+before. It runs on Linux only: after it the daemon has threads (OpenBLAS's, from numpy,
 and jemalloc's, from pyarrow) when it forks, which both libraries handle with fork handlers on Linux; other
 systems keep PySpark's import-after-fork.
 """

@@ -139,8 +139,8 @@ class SessionFunction:
         from pyspark import TaskContext
 
         ctx = TaskContext.get()
-        batch = ctx.getLocalProperty(BATCH_ID_PROPERTY) if ctx is not None else None
-        if ctx is None or batch is None:
+        batch = None if ctx is None else ctx.getLocalProperty(BATCH_ID_PROPERTY)
+        if batch is None:
             raise PipelineError("records can be written only inside a streaming query's micro-batch")
         files: list[tuple[str, str, int]] = []
         if len(records):

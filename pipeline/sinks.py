@@ -78,7 +78,7 @@ WRITTEN_DDL = "`dataset` string, `path` string, `rows` bigint, `messages` bigint
 
 
 def write_records(
-    records: Any, staging: str, basename: str, batch_id: int, processed_ms: int
+    table: Any, staging: str, basename: str, batch_id: int, processed_ms: int
 ) -> list[tuple[str, str, int]]:
     """Write one table of records (``pipeline.records.ARROW_SCHEMA``) into a batch's staging directory.
 
@@ -91,7 +91,6 @@ def write_records(
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    table = records
     n = table.num_rows
     if n == 0:
         return []
