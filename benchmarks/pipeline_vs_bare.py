@@ -118,11 +118,7 @@ def fill_backlog(kafka: KafkaConfig, prefix: str, args: argparse.Namespace) -> d
     shutil.rmtree(run_dir, ignore_errors=True)
     topics = [f"{prefix}{k:04d}" for k in range(args.sensors)]
     tps = [(t, p) for t in topics for p in range(args.partitions)]
-    consumer = kafka.consumer()
-    try:
-        ends = {tp: end for tp, (_, end) in EndOffsets(consumer)(tps).items()}
-    finally:
-        consumer.close()
+    ends = {tp: end for tp, (_, end) in EndOffsets(kafka)(tps).items()}
     print(
         f"backlog: {sum(ends.values()):,} messages ({summary.stats.sent:,} sent) in {len(tps)} partitions, "
         f"written in {time.perf_counter() - t0:.1f} s",

@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"produced {args.messages} messages to {args.topics} topics in {time.perf_counter() - t0:.1f} s"
         )
-        ends = EndOffsets(kafka.consumer())([(t, 0) for t in topics])
+        ends = EndOffsets(kafka)([(t, 0) for t in topics])
         total = sum(end - low for low, end in ends.values())
         assert total == args.messages, (total, args.messages)
         pattern = f"{prefix}.*"

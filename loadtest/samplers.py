@@ -70,7 +70,7 @@ class KafkaLagProbe:
     def __init__(self, kafka: KafkaConfig, pattern: str, checkpoint: Path, max_age_probes: int = 64) -> None:
         self._regex = re.compile(pattern)
         self._checkpoint = checkpoint
-        self._ends = EndOffsets(kafka.consumer())
+        self._ends = EndOffsets(kafka)
         self._peek = kafka.consumer()
         self._admin_consumer = kafka.consumer()
         self._partitions: list[tuple[str, int]] = []
@@ -93,7 +93,6 @@ class KafkaLagProbe:
         """Close the probe's Kafka consumers."""
         for consumer in (self._peek, self._admin_consumer):
             consumer.close()
-        self._ends.close()
 
     def sample(self) -> dict[str, Any]:
         """Lag totals now."""

@@ -21,7 +21,6 @@ Python workers and must not rely on anything but the pickled reader and the part
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import re
@@ -338,9 +337,11 @@ class BrokerView:
 class OffsetReader:
     """Lists matching partitions and reads their offsets, for the driver-side planning of the source.
 
-    Every call uses a fresh consumer that is closed right after. A long-lived one would be cheaper, but
-    librdkafka 2.16 crashes the process when a topic that a consumer once fetched from is deleted on Tansu,
-    and deleted topics are a case this source must survive.
+    One admin client lists topics and reads watermarks for the whole query, two requests per look whatever
+    the partition count; ``EndOffsets`` keeps what it learned of each partition's true end between looks.
+    Nothing here fetches records with a long-lived consumer: librdkafka 2.16 crashes the process when a topic
+    that a consumer once fetched from is deleted on Tansu, and deleted topics are a case this source must
+    survive.
 
     Parameters
     ----------
@@ -349,23 +350,19 @@ class OffsetReader:
     """
 
     def __init__(self, options: SourceOptions) -> None:
+        from confluent_kafka.admin import AdminClient
+
         self._opts = options
+        self._admin = AdminClient(options.kafka.client())
+        self._ends = EndOffsets(options.kafka, timeout=METADATA_TIMEOUT_S)
         self._partitions: set[TP] = set()
         self._listed_at: float | None = None
 
-    @contextlib.contextmanager
-    def _consumer(self) -> Iterator[Any]:
-        consumer = self._opts.kafka.consumer()
-        try:
-            yield consumer
-        finally:
-            consumer.close()
-
-    def _list(self, consumer: Any) -> set[TP]:
+    def _list(self) -> set[TP]:
         from confluent_kafka import KafkaException
 
         try:
-            metadata = consumer.list_topics(timeout=METADATA_TIMEOUT_S)
+            metadata = self._admin.list_topics(timeout=METADATA_TIMEOUT_S)
         except KafkaException as exc:
             raise BrokerError(f"could not list topics: {exc.args[0]}") from None
         found: set[TP] = set()
@@ -386,36 +383,33 @@ class OffsetReader:
         """
         interval = self._opts.discovery_interval_ms / 1000
         due = self._listed_at is None or time.monotonic() - self._listed_at >= interval
-        with self._consumer() as consumer:
-            listed = force_listing or due
-            current = self._list(consumer) if listed else set(self._partitions)
-            try:
-                available = EndOffsets(consumer, timeout=METADATA_TIMEOUT_S)(sorted(current))
-            except BrokerError:
-                if listed:
-                    raise
-                # Most likely a partition vanished since the last listing: look again, once.
-                listed = True
-                current = self._list(consumer)
-                available = EndOffsets(consumer, timeout=METADATA_TIMEOUT_S)(sorted(current))
+        listed = force_listing or due
+        current = self._list() if listed else set(self._partitions)
+        try:
+            available = self._ends(sorted(current))
+        except BrokerError:
+            if listed:
+                raise
+            # Most likely a partition vanished since the last listing: look again, once.
+            listed = True
+            current = self._list()
+            available = self._ends(sorted(current))
         # Only a fresh listing can prove a partition gone; between listings, unknown is not gone.
         gone = {tp for tp in known if tp not in current} if listed else set()
         return BrokerView(available=available, gone=gone)
 
     def lows(self, partitions: Sequence[TP]) -> dict[TP, int]:
         """Earliest available offsets of ``partitions``; partitions that cannot be read are left out."""
-        from confluent_kafka import KafkaException, TopicPartition
-
+        try:
+            return {tp: low for tp, (low, _) in self._ends.watermarks(partitions).items()}
+        except BrokerError:
+            pass
         out: dict[TP, int] = {}
-        with self._consumer() as consumer:
-            for topic, partition in partitions:
-                try:
-                    low, _ = consumer.get_watermark_offsets(
-                        TopicPartition(topic, partition), timeout=METADATA_TIMEOUT_S
-                    )
-                except KafkaException:
-                    continue
-                out[(topic, partition)] = int(low)
+        for tp in partitions:  # one of them is unreadable: ask one by one to keep the others
+            try:
+                out[tp] = self._ends.watermarks([tp])[tp][0]
+            except BrokerError:
+                continue
         return out
 
 
@@ -956,7 +950,7 @@ def _partition_state(options: SourceOptions, tp: TP) -> tuple[int, int] | None:
         topic = metadata.topics.get(tp[0])
         if topic is None or topic.error is not None or tp[1] not in topic.partitions:
             return None
-        return EndOffsets(consumer, timeout=METADATA_TIMEOUT_S)([tp])[tp]
+        return EndOffsets(options.kafka, timeout=METADATA_TIMEOUT_S)([tp])[tp]
     except (KafkaException, BrokerError) as exc:
         log.warning("could not check %s/%d: %s", tp[0], tp[1], exc)
         return None

@@ -17,7 +17,7 @@ def test_end_offsets_see_the_last_record_of_the_last_batch(kafka: KafkaConfig, u
     for i in range(500):
         producer.produce(topic, key=b"k", value=b"%d" % i, partition=0)
     assert producer.flush(10) == 0
-    ends = EndOffsets(kafka.consumer())
+    ends = EndOffsets(kafka)
     assert ends([(topic, 0)]) == {(topic, 0): (0, 500)}
     # Unchanged watermark: served from memory, still right.
     assert ends([(topic, 0)]) == {(topic, 0): (0, 500)}

@@ -34,7 +34,7 @@ def fixed_clock() -> Callable[[], float]:
 def read_topics(kafka: KafkaConfig, topics: list[str], partitions: int) -> list[dict[str, Any]]:
     """Every record on the topics, read with an assign()-only consumer up to the true end offsets."""
     tps = [(t, p) for t in topics for p in range(partitions)]
-    ends = EndOffsets(kafka.consumer())(tps)
+    ends = EndOffsets(kafka)(tps)
     want = {tp: end for tp, (low, end) in ends.items() if end > low}
     consumer = kafka.consumer()
     consumer.assign([TopicPartition(t, p, ends[(t, p)][0]) for (t, p) in want])
