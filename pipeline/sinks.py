@@ -6,7 +6,10 @@ dead letters) from one stateful step, so ``OutputWriter`` does the same job by h
 1. every file a batch writes carries the batch id in its name (``b<batch>-...``);
 2. ``_commits/<batch>.json`` is written last, atomically (write to a temporary name, then rename);
 3. a batch whose marker exists is skipped, and before a batch is (re)written its leftovers from an earlier,
-   interrupted attempt are removed.
+   interrupted attempt are removed: ``_publishing/<batch>.json`` names every file the batch is about to
+   move into the datasets, written before the first move and removed after the marker, so an interrupted
+   publication is undone from that list (the cost is the batch's own files, not a walk of the output, which
+   grows all run long).
 
 Spark replays an uncommitted batch with the same offsets after a crash, so each batch lands exactly once
 whether the process died before, during or after the write. The stateful step writes each group's records
@@ -37,6 +40,7 @@ DATASETS = ("changes", "sessions", "integrity", "dead_letters")
 OWNER_FILE = "_sotw.json"
 COMMITS = "_commits"
 STAGING = "_staging"
+PUBLISHING = "_publishing"
 HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
 """How a Hive partition directory names a null value (pyarrow's default ``null_fallback``)."""
 
@@ -256,13 +260,17 @@ class OutputWriter:
             _atomic_write_json(owner, {"query_id": query_id, "checkpoint": str(self.checkpoint.resolve())})
         self._owner_checked = True
 
+    def _journal(self, batch_id: int) -> Path:
+        return self.output / PUBLISHING / f"{batch_id}.json"
+
     def _clear_attempt(self, batch_id: int) -> None:
+        """Remove what an interrupted attempt of ``batch_id`` left: its staging and the files it published."""
         shutil.rmtree(self.output / STAGING / str(batch_id), ignore_errors=True)
-        for dataset in DATASETS:
-            root = self.output / dataset
-            if root.is_dir():
-                for stale in root.rglob(f"b{batch_id}-*"):
-                    stale.unlink()
+        journal = self._journal(batch_id)
+        if journal.is_file():
+            for name in json.loads(journal.read_text())["files"]:
+                (self.output / name).unlink(missing_ok=True)
+            journal.unlink()
 
     def __call__(self, batch_df: Any, batch_id: int) -> None:
         """Write ``batch_df`` (record blocks of the stateful step) for ``batch_id``, unless already written."""
@@ -275,6 +283,9 @@ class OutputWriter:
             log.info("batch %d already in the output; not written again", batch_id)
             batch_df.write.format("noop").mode("overwrite").save()
             shutil.rmtree(self.output / STAGING / str(batch_id), ignore_errors=True)
+            self._journal(batch_id).unlink(
+                missing_ok=True
+            )  # the marker was written, the journal not yet removed
             try:
                 self._remember(batch_id, int(json.loads(marker.read_text()).get("messages", 0)))
             except (OSError, ValueError):
@@ -287,13 +298,24 @@ class OutputWriter:
         processed_ms: int | None = None
         # The stateful step writes its records into the staging directory itself (``reconstruct`` with
         # ``output``); the rows say which files the successful task attempts wrote.
+        moves: list[tuple[Path, Path]] = []
         for dataset, path, rows, consumed, processed in batch_df.collect():
             messages += consumed or 0
             processed_ms = processed if processed_ms is None else processed_ms
             if dataset is not None:
                 counts[dataset] += rows
             if path is not None and batch_id not in self.drop_batches:
-                self._publish(staging / dataset, Path(path), self.output / dataset, batch_id)
+                src = Path(path)
+                dest = self.output / dataset / src.parent.relative_to(staging / dataset)
+                moves.append((src, dest / f"b{batch_id}-{src.name}"))
+        if moves:
+            self._journal(batch_id).parent.mkdir(exist_ok=True)
+            _atomic_write_json(
+                self._journal(batch_id), {"files": [str(d.relative_to(self.output)) for _, d in moves]}
+            )
+        for src, dest in moves:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(src, dest)
         shutil.rmtree(staging, ignore_errors=True)
         committed_ms = int(time.time() * 1000)
         (self.output / COMMITS).mkdir(parents=True, exist_ok=True)
@@ -308,12 +330,6 @@ class OutputWriter:
                 "messages": messages,
             },
         )
+        self._journal(batch_id).unlink(missing_ok=True)
         self._remember(batch_id, messages)
         self.last = BatchStats(batch_id, rows, committed_ms, messages)
-
-    @staticmethod
-    def _publish(staging: Path, src: Path, final: Path, batch_id: int) -> None:
-        """Move one of a batch's Parquet files from staging into the dataset, named after the batch."""
-        dest_dir = final / src.parent.relative_to(staging)
-        dest_dir.mkdir(parents=True, exist_ok=True)
-        os.replace(src, dest_dir / f"b{batch_id}-{src.name}")

@@ -1,4 +1,6 @@
 import json
+import os
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.dataset as ds
@@ -6,7 +8,18 @@ import pytest
 
 from pipeline.errors import PipelineError
 from pipeline.records import Records, with_every_column
-from pipeline.sinks import OWNER_FILE, PARTITIONS, check_consistency, committed_batches, write_records
+from pipeline.sinks import (
+    OWNER_FILE,
+    PARTITIONS,
+    STAGING,
+    WRITTEN_DDL,
+    OutputWriter,
+    check_consistency,
+    committed_batches,
+    write_records,
+)
+
+DAY = 1_795_500_000_000  # 2026-11-24 in epoch ms
 
 
 def _checkpoint(tmp_path, query_id, commits):
@@ -104,3 +117,47 @@ def test_records_are_written_where_hive_partitioning_reads_them_back_whatever_th
     gaps = read("integrity")
     # No event time: the day of the batch's processing time; no sensor: Hive's null partition.
     assert [(g["sensor"], g["date"], g["processed_ms"]) for g in gaps] == [(None, "2026-11-24", day + 5)]
+
+
+def _batch_staging_on_collect(spark, staging, attempt: str):
+    """Batch 3 as the stateful step makes it: collecting it writes two sessions' records into staging."""
+
+    def write(_batches):
+        records = Records()
+        for k in range(2):
+            records.change(f"sensor-000{k}", f"s{k}", "t", 0, 5, 1, DAY, 7, "upsert", '{"id":7}')
+        table = with_every_column(records.to_arrow())
+        written = write_records(table, str(staging), f"p0-t{attempt}-g1.parquet", 3, DAY)
+        yield pa.RecordBatch.from_pylist(
+            [{"dataset": d, "path": p, "rows": n, "messages": 1, "processed_ms": DAY} for d, p, n in written]
+        )
+
+    return spark.range(1, numPartitions=1).mapInArrow(write, WRITTEN_DDL)
+
+
+def test_a_replayed_batch_takes_back_what_its_interrupted_attempt_had_published(tmp_path, spark, monkeypatch):
+    output = tmp_path / "output"
+    writer = OutputWriter(output, tmp_path / "checkpoint")
+    staging = output / STAGING / "3"
+    real_replace, moved = os.replace, []
+
+    def dies_after_one_move(src, dest):
+        if Path(dest).name.startswith("b3-"):
+            if moved:
+                raise KeyboardInterrupt("killed while publishing")
+            moved.append(dest)
+        real_replace(src, dest)
+
+    monkeypatch.setattr(os, "replace", dies_after_one_move)
+    with pytest.raises(KeyboardInterrupt):
+        writer(_batch_staging_on_collect(spark, staging, "1"), 3)
+    monkeypatch.setattr(os, "replace", real_replace)
+    assert [p.name for p in (output / "changes").rglob("*.parquet")] == ["b3-p0-t1-g1.parquet"]
+    assert not (output / "_commits" / "3.json").exists()
+
+    writer(_batch_staging_on_collect(spark, staging, "2"), 3)  # Spark replays the batch
+
+    published = sorted(p.name for p in (output / "changes").rglob("*.parquet"))
+    assert published == ["b3-p0-t2-g1.parquet", "b3-p0-t2-g1.parquet"]  # one per sensor directory
+    assert committed_batches(output) == [3]
+    assert not list((output / "_publishing").iterdir())
