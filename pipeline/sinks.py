@@ -238,6 +238,7 @@ class OutputWriter:
         self.last: BatchStats | None = None
         self._messages: dict[int, int] = {}
         self._owner_checked = False
+        self._searched = False
 
     def messages_of(self, batch_id: int) -> int | None:
         """Kafka messages batch ``batch_id`` consumed (for the progress log); None if not known here."""
@@ -271,6 +272,15 @@ class OutputWriter:
             for name in json.loads(journal.read_text())["files"]:
                 (self.output / name).unlink(missing_ok=True)
             journal.unlink()
+        elif not self._searched:
+            # The first batch after a start is the only one that can be a replay, and an output written by a
+            # sotw from before the journal has none: search the datasets for the batch's files once.
+            for dataset in DATASETS:
+                root = self.output / dataset
+                if root.is_dir():
+                    for stale in root.rglob(f"b{batch_id}-*"):
+                        stale.unlink()
+        self._searched = True
 
     def __call__(self, batch_df: Any, batch_id: int) -> None:
         """Write ``batch_df`` (record blocks of the stateful step) for ``batch_id``, unless already written."""
@@ -283,9 +293,8 @@ class OutputWriter:
             log.info("batch %d already in the output; not written again", batch_id)
             batch_df.write.format("noop").mode("overwrite").save()
             shutil.rmtree(self.output / STAGING / str(batch_id), ignore_errors=True)
-            self._journal(batch_id).unlink(
-                missing_ok=True
-            )  # the marker was written, the journal not yet removed
+            # Killed after the marker, before the journal was removed: the files are the batch's, keep them.
+            self._journal(batch_id).unlink(missing_ok=True)
             try:
                 self._remember(batch_id, int(json.loads(marker.read_text()).get("messages", 0)))
             except (OSError, ValueError):

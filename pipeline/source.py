@@ -337,8 +337,10 @@ class BrokerView:
 class OffsetReader:
     """Lists matching partitions and reads their offsets, for the driver-side planning of the source.
 
-    One admin client lists topics and reads watermarks for the whole query, two requests per look whatever
-    the partition count; ``EndOffsets`` keeps what it learned of each partition's true end between looks.
+    One admin client (``EndOffsets.admin``) lists topics and reads watermarks for the whole query, two
+    requests per look whatever the partition count; ``EndOffsets`` keeps what it learned of each partition's
+    true end between looks. Listing on the same client matters: its metadata cache is where ``ListOffsets``
+    looks up a partition's leader, so partitions a listing found can be read at once.
     Nothing here fetches records with a long-lived consumer: librdkafka 2.16 crashes the process when a topic
     that a consumer once fetched from is deleted on Tansu, and deleted topics are a case this source must
     survive.
@@ -350,10 +352,7 @@ class OffsetReader:
     """
 
     def __init__(self, options: SourceOptions) -> None:
-        from confluent_kafka.admin import AdminClient
-
         self._opts = options
-        self._admin = AdminClient(options.kafka.client())
         self._ends = EndOffsets(options.kafka, timeout=METADATA_TIMEOUT_S)
         self._partitions: set[TP] = set()
         self._listed_at: float | None = None
@@ -362,7 +361,7 @@ class OffsetReader:
         from confluent_kafka import KafkaException
 
         try:
-            metadata = self._admin.list_topics(timeout=METADATA_TIMEOUT_S)
+            metadata = self._ends.admin.list_topics(timeout=METADATA_TIMEOUT_S)
         except KafkaException as exc:
             raise BrokerError(f"could not list topics: {exc.args[0]}") from None
         found: set[TP] = set()
@@ -637,7 +636,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  #
         """Nothing to do: offsets live in Spark's checkpoint, never in Kafka consumer groups."""
 
     def stop(self) -> None:
-        """Nothing to release: every consumer is closed right after use."""
+        """Let the planning's admin client go; every consumer is closed right after use."""
+        self._broker = None
 
 
 class KafkaBatchReader(DataSourceReader):  # type: ignore[misc]

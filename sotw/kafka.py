@@ -92,28 +92,42 @@ class EndOffsets:
     """Reads ``(low, end)`` per partition, where ``end`` is last offset + 1 on Kafka and on Tansu.
 
     The watermarks of all partitions come from two ``ListOffsets`` requests per broker through an admin
-    client (earliest and latest), not two round trips per partition: 72 partitions took about 65 ms one by
-    one on the embedded broker and 4 ms together (``docs/benchmarks.md``). See the module docstring for why
-    the record at ``high - 1`` is then read. The probe result is remembered per partition and reused while
-    the reported watermark does not move, so a steady poll costs two requests and one small fetch only for
-    partitions that grew. Probes use a consumer made for the occasion and closed after: librdkafka 2.16
-    crashes the process when a topic that a long-lived consumer once fetched from is deleted on Tansu.
+    client (earliest and latest), not two round trips per partition: on the embedded broker, 72 partitions
+    took 62-67 ms one by one and 4 ms together (``docs/benchmarks.md``, stop 15). Like a consumer's
+    watermark query, they are read at the ``isolation.level`` of the settings, ``read_committed`` unless
+    they say otherwise, so the end of a partition is one a consumer with those settings can reach. See the
+    module docstring for why the record at ``high - 1`` is then read. A probe's answer is remembered per
+    partition and reused while the reported watermarks do not move, so a steady poll costs two requests and
+    one small fetch only for partitions that grew. Probes use a consumer made for the occasion and closed
+    after: librdkafka 2.16 crashes the process when a topic that a long-lived consumer once fetched from is
+    deleted on Tansu.
 
     Parameters
     ----------
     kafka
         Where the brokers are.
     timeout
-        Seconds to wait for the broker on each call.
+        Seconds to wait for the broker on each call; retriable errors (a leader moving) are retried within it.
+
+    Attributes
+    ----------
+    admin
+        The admin client the watermarks are read with. List topics with it too: its metadata cache is what
+        ``ListOffsets`` finds partition leaders in, so a listing that finds new partitions also lets their
+        offsets be read.
     """
 
     def __init__(self, kafka: KafkaConfig, timeout: float = 10.0) -> None:
+        from confluent_kafka import IsolationLevel
         from confluent_kafka.admin import AdminClient
 
         self._kafka = kafka
-        self._admin = AdminClient(kafka.client())
+        self.admin = AdminClient(kafka.client())
         self._timeout = timeout
-        self._known: dict[tuple[str, int], tuple[int, int]] = {}  # (topic, partition) -> (high, end)
+        uncommitted = str(kafka.settings.get("isolation.level", "")).strip() == "read_uncommitted"
+        self._isolation = IsolationLevel.READ_UNCOMMITTED if uncommitted else IsolationLevel.READ_COMMITTED
+        # (topic, partition) -> (low, high, end): the true end found for those reported watermarks.
+        self._known: dict[tuple[str, int], tuple[int, int, int]] = {}
 
     def __call__(self, partitions: Iterable[tuple[str, int]]) -> dict[tuple[str, int], tuple[int, int]]:
         """Return ``{(topic, partition): (low, end)}`` for the given partitions."""
@@ -122,8 +136,8 @@ class EndOffsets:
         probe: dict[tuple[str, int], int] = {}
         for tp, (low, high) in watermarks.items():
             known = self._known.get(tp)
-            if known is not None and known[0] == high:
-                result[tp] = (low, max(known[1], low))
+            if known is not None and known[:2] == (low, high):
+                result[tp] = (low, known[2])
             else:
                 result[tp] = (low, high)
                 if high > low:
@@ -141,15 +155,25 @@ class EndOffsets:
         tps = [TopicPartition(t, p) for t, p in partitions]
         if not tps:
             return {}
-        try:
-            futures = [
-                self._admin.list_offsets(dict.fromkeys(tps, spec), request_timeout=self._timeout)
-                for spec in (OffsetSpec.earliest(), OffsetSpec.latest())
-            ]
-            lows, highs = ({tp: f.result().offset for tp, f in fs.items()} for fs in futures)
-        except KafkaException as exc:
-            raise BrokerError(f"could not read offsets from the broker: {exc.args[0]}") from None
-        return {(tp.topic, tp.partition): (lows[tp], highs[tp]) for tp in tps}
+        deadline = time.monotonic() + self._timeout
+        while True:
+            left = max(0.1, deadline - time.monotonic())
+            try:
+                asked = [
+                    self.admin.list_offsets(
+                        dict.fromkeys(tps, spec), isolation_level=self._isolation, request_timeout=left
+                    )
+                    for spec in (OffsetSpec.earliest(), OffsetSpec.latest())
+                ]
+                lows, highs = ({tp: f.result(timeout=left).offset for tp, f in fs.items()} for fs in asked)
+                return {(tp.topic, tp.partition): (lows[tp], highs[tp]) for tp in tps}
+            except KafkaException as exc:
+                err = exc.args[0]
+                if not (hasattr(err, "retriable") and err.retriable()) or time.monotonic() + 0.2 > deadline:
+                    raise BrokerError(f"could not read offsets from the broker: {err}") from None
+                time.sleep(0.2)  # a leader moving, a broker restarting: ask again within the timeout
+            except (RuntimeError, TimeoutError) as exc:
+                raise BrokerError(f"could not read offsets from the broker: {exc}") from None
 
     def _probe(
         self, probe: dict[tuple[str, int], int], result: dict[tuple[str, int], tuple[int, int]]
@@ -176,9 +200,11 @@ class EndOffsets:
                         pending.discard(tp)
         finally:
             consumer.close()
-        for tp, high in probe.items():
-            # A partition that returned nothing (records deleted under us) keeps its reported watermark.
-            self._known[tp] = (high, result[tp][1])
+        for tp in probe:
+            # Only answers are remembered: a partition that returned nothing (records deleted under us, or the
+            # broker slow) keeps its reported watermark this time and is probed again next time.
+            if tp not in pending:
+                self._known[tp] = (result[tp][0], probe[tp], result[tp][1])
 
 
 def ensure_topics(config: KafkaConfig, topics: Mapping[str, int], timeout: float = 10.0) -> None:

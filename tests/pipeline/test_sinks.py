@@ -161,3 +161,34 @@ def test_a_replayed_batch_takes_back_what_its_interrupted_attempt_had_published(
     assert published == ["b3-p0-t2-g1.parquet", "b3-p0-t2-g1.parquet"]  # one per sensor directory
     assert committed_batches(output) == [3]
     assert not list((output / "_publishing").iterdir())
+
+
+def test_a_replay_also_takes_back_an_interrupted_publication_of_a_sotw_without_the_journal(tmp_path, spark):
+    output = tmp_path / "output"
+    stale = output / "changes" / "sensor=sensor-0000" / "date=2026-11-24" / "b3-p0-t1-g1.parquet"
+    stale.parent.mkdir(parents=True)
+    stale.write_bytes(b"left by a kill in the middle of publishing batch 3, before journals existed")
+
+    OutputWriter(output, tmp_path / "checkpoint")(
+        _batch_staging_on_collect(spark, output / STAGING / "3", "2"), 3
+    )
+
+    published = sorted(p.name for p in (output / "changes").rglob("*.parquet"))
+    assert published == ["b3-p0-t2-g1.parquet", "b3-p0-t2-g1.parquet"]
+
+
+def test_a_batch_replayed_after_its_marker_keeps_its_files_and_drops_the_journal(tmp_path, spark):
+    output = tmp_path / "output"
+    OutputWriter(output, tmp_path / "checkpoint")(
+        _batch_staging_on_collect(spark, output / STAGING / "3", "1"), 3
+    )
+    # Killed after the marker and before the journal was removed: the journal is back, as it was then.
+    (output / "_publishing" / "3.json").write_text(json.dumps({"files": ["changes/x/b3-p0-t1-g1.parquet"]}))
+
+    OutputWriter(output, tmp_path / "checkpoint")(
+        _batch_staging_on_collect(spark, output / STAGING / "3", "2"), 3
+    )
+
+    published = sorted(p.name for p in (output / "changes").rglob("*.parquet"))
+    assert published == ["b3-p0-t1-g1.parquet", "b3-p0-t1-g1.parquet"]
+    assert not list((output / "_publishing").iterdir())
