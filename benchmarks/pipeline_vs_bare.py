@@ -5,8 +5,9 @@ Usage::
     .venv/bin/python benchmarks/pipeline_vs_bare.py [--messages 600000] [--repeats 2] [--bootstrap HOST:PORT]
                                                    [--max-offsets N] [--floor] [--json runs/bench-pipeline-vs-bare.json]
 
-The backlog is written once by the real simulator (``rate=0``, faults off, 24 sensors x 200-row tables, one
-partition per topic by default). Then, alternately (so a neighbour's load hits both alike):
+The backlog is written once by the real simulator (``rate=0``, faults off, 24 sensors x 200-row tables, three
+partitions per topic by default, as a default simulator run writes them). Then, alternately (so a
+neighbour's load hits both alike):
 
 * **bare**: one assign-only confluent-kafka consumer over every topic that ``orjson``-decodes every value;
   the ceiling for a Python consumer. Timed from ``assign`` to the last message.
@@ -400,7 +401,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--messages", type=int, default=600_000, help="backlog size (default 600000)")
     parser.add_argument("--repeats", type=int, default=2, help="runs of each side (default 2)")
     parser.add_argument("--sensors", type=int, default=24)
-    parser.add_argument("--partitions", type=int, default=1, help="partitions per topic (default 1)")
+    parser.add_argument(
+        "--partitions",
+        type=int,
+        default=SimulatorConfig().partitions,
+        help="partitions per topic (default: the simulator's, 3)",
+    )
     parser.add_argument("--rows", type=int, default=200)
     parser.add_argument("--session-s", type=float, default=3600.0, help="simulator session length")
     parser.add_argument("--max-offsets", type=int, default=None, help="maxOffsetsPerTrigger (default none)")
