@@ -85,15 +85,18 @@ STALL_CHECK_S = 2.0
 # Consumer tuning for bulk reads; a ``kafka.*`` option with the same name wins. A task reads bounded ranges,
 # and whatever librdkafka prefetches past a range's end is fetched, decoded into messages and thrown away:
 # with its default 64 MB queue, a task's read of 24 ranges of 4,166 messages cost the embedded broker 1.5 us
-# and the reader 3.1 us per message kept; with the queue held to 1 MB, refilled 5 ms after it drains rather
-# than a second, 0.8 and 1.9 (docs/benchmarks.md, stop 15).
+# and the reader 3.1 us per message kept; with the queue held to 1 MB, fetching again 5 ms (not a second)
+# after finding it full, 0.8 and 1.9 (docs/benchmarks.md, stop 15). librdkafka also caps a whole fetch
+# request at the queue's size unless ``fetch.max.bytes`` is given: against a remote Kafka, or for values near
+# 1 MB, raise ``kafka.queued.max.messages.kbytes`` (docs/pipeline.md).
 _READ_TUNING = {
     "fetch.wait.max.ms": "100",
-    "queued.min.messages": "200000",
     "fetch.message.max.bytes": "1048576",
     "queued.max.messages.kbytes": "1024",
     "fetch.queue.backoff.ms": "5",
 }
+# librdkafka's other names for the same settings: a user's ``kafka.max.partition.fetch.bytes`` must win too.
+_ALIASES = {"fetch.message.max.bytes": "max.partition.fetch.bytes"}
 # Settings the reader's correctness depends on; these win over ``kafka.*`` options.
 _READ_REQUIRED = {
     # An offset that is gone must surface as an error (data loss), never as a silent jump.
@@ -816,6 +819,16 @@ def _rounds(ranges: Sequence[OffsetRange]) -> list[list[OffsetRange]]:
     return rounds
 
 
+def reader_settings(options: SourceOptions) -> dict[str, Any]:
+    """The readers' consumer settings: ``_READ_TUNING`` unless the user set it, then ``_READ_REQUIRED``.
+
+    A user's ``kafka.*`` setting wins over the tuning under either of librdkafka's names for it.
+    """
+    given = options.kafka.settings
+    tuning = {k: v for k, v in _READ_TUNING.items() if k not in given and _ALIASES.get(k) not in given}
+    return {**tuning, **_READ_REQUIRED}
+
+
 def read_ranges(options: SourceOptions, ranges: Sequence[OffsetRange]) -> Iterator[Any]:
     """Read exactly ``[start, end)`` of every range and yield the records as Arrow record batches.
 
@@ -827,8 +840,7 @@ def read_ranges(options: SourceOptions, ranges: Sequence[OffsetRange]) -> Iterat
     if not ranges:
         return
     schema = _arrow_schema(options.pack)
-    tuning = {k: v for k, v in _READ_TUNING.items() if k not in options.kafka.settings}
-    consumer = options.kafka.consumer(**tuning, **_READ_REQUIRED)
+    consumer = options.kafka.consumer(**reader_settings(options))
     try:
         with gc_paused():
             for group in _rounds(ranges):

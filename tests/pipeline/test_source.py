@@ -32,6 +32,7 @@ from pipeline.source import (
     SourceOptions,
     offsets_behind,
     read_ranges,
+    reader_settings,
 )
 from sotw.kafka import KafkaConfig, ensure_topics
 
@@ -108,6 +109,30 @@ def between_triggers(query: Any) -> bool:
 
 
 # ------------------------------------------------------------------------------------ offset arithmetic
+
+
+def test_a_users_fetch_settings_win_over_the_readers_prefetch_limits_under_either_name() -> None:
+    def settings(**kafka: str) -> dict:
+        return reader_settings(
+            SourceOptions.from_options(
+                {
+                    "kafka.bootstrap.servers": "127.0.0.1:9092",
+                    "subscribe": "t",
+                    **{f"kafka.{k}": v for k, v in kafka.items()},
+                }
+            )
+        )
+
+    default = settings()
+    assert default["queued.max.messages.kbytes"] == "1024"
+    assert default["fetch.message.max.bytes"] == "1048576"
+    raised = settings(**{"queued.max.messages.kbytes": "16384", "max.partition.fetch.bytes": "8388608"})
+    assert (
+        "queued.max.messages.kbytes" not in raised
+    )  # the user's own value is in the consumer's base settings
+    assert "fetch.message.max.bytes" not in raised and "max.partition.fetch.bytes" not in raised
+    # Correctness settings are never the user's to change.
+    assert settings(**{"auto.offset.reset": "earliest"})["auto.offset.reset"] == "error"
 
 
 def test_offsets_json_round_trips_in_canonical_order() -> None:
