@@ -72,14 +72,14 @@ class KafkaLagProbe:
         self._checkpoint = checkpoint
         self._ends = EndOffsets(kafka)
         self._peek = kafka.consumer()
-        self._admin_consumer = kafka.consumer()
         self._partitions: list[tuple[str, int]] = []
         self._listed = 0.0
         self._max_age_probes = max_age_probes
 
     def _topic_partitions(self) -> list[tuple[str, int]]:
         if time.monotonic() - self._listed > 5.0:
-            meta = self._admin_consumer.list_topics(timeout=10)
+            # Listed on the client the offsets are read with: its metadata cache finds new partitions' leaders.
+            meta = self._ends.admin.list_topics(timeout=10)
             self._partitions = sorted(
                 (name, p)
                 for name, topic in meta.topics.items()
@@ -90,9 +90,8 @@ class KafkaLagProbe:
         return self._partitions
 
     def close(self) -> None:
-        """Close the probe's Kafka consumers."""
-        for consumer in (self._peek, self._admin_consumer):
-            consumer.close()
+        """Close the probe's Kafka consumer."""
+        self._peek.close()
 
     def sample(self) -> dict[str, Any]:
         """Lag totals now."""

@@ -283,7 +283,7 @@ class OutputWriter:
         self._searched = True
 
     def __call__(self, batch_df: Any, batch_id: int) -> None:
-        """Write ``batch_df`` (record blocks of the stateful step) for ``batch_id``, unless already written."""
+        """Publish the files ``batch_df`` (the stateful step's ``WRITTEN_DDL`` rows) names, unless already done."""
         if not self._owner_checked:
             self._claim()
         marker = self.output / COMMITS / f"{batch_id}.json"
@@ -317,11 +317,10 @@ class OutputWriter:
                 src = Path(path)
                 dest = self.output / dataset / src.parent.relative_to(staging / dataset)
                 moves.append((src, dest / f"b{batch_id}-{src.name}"))
+        journal = self._journal(batch_id)
         if moves:
-            self._journal(batch_id).parent.mkdir(exist_ok=True)
-            _atomic_write_json(
-                self._journal(batch_id), {"files": [str(d.relative_to(self.output)) for _, d in moves]}
-            )
+            journal.parent.mkdir(exist_ok=True)
+            _atomic_write_json(journal, {"files": [str(d.relative_to(self.output)) for _, d in moves]})
         for src, dest in moves:
             dest.parent.mkdir(parents=True, exist_ok=True)
             os.replace(src, dest)
@@ -339,6 +338,6 @@ class OutputWriter:
                 "messages": messages,
             },
         )
-        self._journal(batch_id).unlink(missing_ok=True)
+        journal.unlink(missing_ok=True)
         self._remember(batch_id, messages)
         self.last = BatchStats(batch_id, rows, committed_ms, messages)

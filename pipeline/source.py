@@ -959,21 +959,19 @@ def _read_round(
 
 
 def _partition_state(options: SourceOptions, tp: TP) -> tuple[int, int] | None:
-    """``(low, end)`` of one partition from a throwaway consumer, or ``None`` if it no longer exists."""
+    """``(low, end)`` of one partition, asked afresh, or ``None`` if it no longer exists."""
     from confluent_kafka import KafkaException
 
-    consumer = options.kafka.consumer()
+    ends = EndOffsets(options.kafka, timeout=METADATA_TIMEOUT_S)
     try:
-        metadata = consumer.list_topics(tp[0], timeout=METADATA_TIMEOUT_S)
+        metadata = ends.admin.list_topics(tp[0], timeout=METADATA_TIMEOUT_S)
         topic = metadata.topics.get(tp[0])
         if topic is None or topic.error is not None or tp[1] not in topic.partitions:
             return None
-        return EndOffsets(options.kafka, timeout=METADATA_TIMEOUT_S)([tp])[tp]
+        return ends([tp])[tp]
     except (KafkaException, BrokerError) as exc:
         log.warning("could not check %s/%d: %s", tp[0], tp[1], exc)
         return None
-    finally:
-        consumer.close()
 
 
 # --------------------------------------------------------------------------------------------- lag

@@ -92,7 +92,7 @@ def build_session(config: SparkConfig | None = None, app_name: str = "sotw") -> 
         .config("spark.python.daemon.module", "pipeline.pydaemon")
         # sotw's checkpoints are local paths (``--checkpoint``). There, Hadoop's FileSystem API writes and
         # renames a checkpoint file (offsets, commits, state store deltas) in a quarter of the time of the
-        # default FileContext one, with the same rename-or-fail semantics: 7 against 28 ms for each of the two
+        # default FileContext one, with the same rename-or-fail semantics: 7 against 27-31 ms for each of the two
         # log entries of every trigger (docs/benchmarks.md).
         .config("spark.sql.streaming.checkpointFileManagerClass", CHECKPOINT_FILE_MANAGER)
     )
