@@ -36,6 +36,7 @@ class Session:
         "on_delivery",
         "templates",
         "heads",
+        "prefix",
         "started_ms",
     )
 
@@ -63,6 +64,7 @@ class Session:
         self.templates = wire.update_templates(sensor, sid)
         # The templates up to the row, by op (upsert, delete): the block encoder appends each row's own.
         self.heads = tuple(self.templates[op].removesuffix(b"%b}") for op in wire.OPS)
+        self.prefix = wire.update_prefix(sensor, sid)  # for the compiled encoder (``simulator.native``)
         self.started_ms = started_ms
 
 

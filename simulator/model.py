@@ -29,6 +29,8 @@ BASE_COLUMNS = ("value", "status", "name", "unit")
 STATUS_CHANGE = 0.02
 STEPS = tuple(m[4] for m in MEASUREMENTS)
 _NM = len(MEASUREMENTS)
+#: Rows are of this many kinds (a row's kind is its id modulo it): each kind has its own name and unit.
+KINDS = _NM
 _STATUS_FROM = 1.0 - STATUS_CHANGE
 _STEP_ARR = np.array(STEPS)
 _SENTINEL = 918_273_645_546_372_810  # divisible by 6, and digits no name or unit contains
@@ -220,14 +222,18 @@ class TableStore:
 
     def template(self, rid: int) -> bytes:
         """Row ``rid``'s ``wire.row_template`` with ``holes`` open."""
+        return str(rid).encode("ascii").join(self.row_pieces(rid % _NM))
+
+    def row_pieces(self, kind: int) -> list[bytes]:
+        """The template of a row of this kind (its id modulo ``KINDS``), cut where the row's id goes."""
         # The template of a row with a sentinel id of the same kind, cut where the id's digits are: a row's
         # template is then one join (its id and name are the only places the id appears; values are holes).
-        pieces = self._pieces[rid % _NM]
+        pieces = self._pieces[kind]
         if pieces is None:
-            sentinel = _SENTINEL + rid % _NM
+            sentinel = _SENTINEL + kind
             text = wire.row_template(self.row(sentinel, np.zeros(len(self.numeric)), 0), self.holes)
-            pieces = self._pieces[rid % _NM] = text.split(str(sentinel).encode("ascii"))
-        return str(rid).encode("ascii").join(pieces)
+            pieces = self._pieces[kind] = text.split(str(sentinel).encode("ascii"))
+        return pieces
 
     def update_one(
         self, table: int, u_op: float, u_row: float, z: float

@@ -48,7 +48,8 @@ from simulator.faults import (
 )
 from simulator.fleet import Fleet, Sensor, Session
 from simulator.ledger import END, KIND_NAMES, SNAPSHOT, UPDATE, Ledger
-from simulator.model import STATUSES, stable_order
+from simulator.model import KINDS, STATUSES, BlockUpdate, TableStore, stable_order
+from simulator.native import RunEncoder
 from simulator.truth import Truth
 from sotw import wire
 from sotw.broker import wait_for_kafka
@@ -181,6 +182,41 @@ class _Run:
     keys: np.ndarray
     partitions: np.ndarray
     callbacks: np.ndarray
+
+
+def _encode_run(
+    store: TableStore,
+    sessions: list[Session],
+    sidx: np.ndarray,
+    seqs: np.ndarray,
+    tsm: np.ndarray,
+    b: BlockUpdate,
+) -> tuple[list[bytes], bytes]:
+    """``simulator.native.RunEncoder.encode`` in Python: each message's value and the run's raw digests.
+
+    All values are made by one bytes formatting of the run's templates (session head + row template per
+    message), split on the newline that JSON text never contains raw, and hashed in one comprehension.
+    """
+    m = len(sidx)
+    heads = np.empty((len(sessions), 2), dtype=object)
+    heads[:] = [sess.heads for sess in sessions]
+    parts = np.empty((m, 3), dtype=object)
+    parts[:, 0] = heads[sidx, b.delete.astype(np.int64)]
+    parts[:, 1] = b.template
+    parts[:, 2] = b"}\n"
+    holes, numeric = store.holes, store.numeric
+    args = np.empty((m, 2 + len(holes)), dtype=object)
+    args[:, 0] = seqs
+    args[:, 1] = tsm
+    if numeric:
+        frags = np.array(wire.encode_floats(b.values.ravel()), dtype=object).reshape(m, len(numeric))
+    for j, col in enumerate(holes):
+        args[:, 2 + j] = _STATUS_JSON[b.status] if col == "status" else frags[:, numeric.index(col)]
+    text = b"".join(parts.ravel().tolist()) % tuple(args.ravel().tolist())
+    values = text.split(b"\n")
+    values.pop()
+    sha256 = hashlib.sha256
+    return values, b"".join([sha256(v).digest() for v in values])
 
 
 def _versions() -> dict[str, str]:
@@ -331,7 +367,13 @@ class Simulator:
         for _ in range(cfg.sensors):
             fleet.join(0)
         ensure_topics(self.kafka, {s.topic: cfg.partitions for s in fleet.active})
-        # The schedule starts only now, so building the fleet and creating topics is not counted as lateness.
+        store = fleet.tables
+        self._encoder = RunEncoder(
+            [store.row_pieces(k) for k in range(KINDS)], store.holes, store.numeric, STATUSES
+        )
+        self._encoder.warm_up()
+        # The schedule starts only now, so building the fleet, creating topics and loading the compiled encoder
+        # are not counted as lateness.
         self._started = True
         self._start_s = start_s = self.clock()
         start_ms = int(start_s * 1000)
@@ -624,9 +666,9 @@ class Simulator:
     ) -> None:
         """Plan and send a run of updates inside their sessions, with per-run rather than per-message work.
 
-        The tables apply the whole run at once (``TableStore.update_block``); all values are then made by one
-        bytes formatting of the run's templates (session head + row template per message) and split on the
-        newline that JSON text never contains raw, and hashed in one comprehension. Sending walks the run:
+        The tables apply the whole run at once (``TableStore.update_block``); the values and their digests are
+        then made in one compiled call (``simulator.native``), or in Python (``_encode_run``) when it declines.
+        Sending walks the run:
         stretches of fault-free messages go through ``_produce_stretch``; a message with a fault, and held-back
         messages falling due, take the per-message path in between, in schedule order.
         """
@@ -649,25 +691,12 @@ class Simulator:
         counts = np.bincount(sidx, minlength=len(active)).tolist()
         for sess, c in zip(sessions, counts, strict=True):
             sess.seq += c
-        heads = np.empty((len(sessions), 2), dtype=object)
-        heads[:] = [sess.heads for sess in sessions]
-        parts = np.empty((m, 3), dtype=object)
-        parts[:, 0] = heads[sidx, b.delete.astype(np.int64)]
-        parts[:, 1] = b.template
-        parts[:, 2] = b"}\n"
-        holes, numeric = store.holes, store.numeric
-        args = np.empty((m, 2 + len(holes)), dtype=object)
-        args[:, 0] = seqs
-        args[:, 1] = tsm_a
-        if numeric:
-            frags = np.array(wire.encode_floats(b.values.ravel()), dtype=object).reshape(m, len(numeric))
-        for j, col in enumerate(holes):
-            args[:, 2 + j] = _STATUS_JSON[b.status] if col == "status" else frags[:, numeric.index(col)]
-        text = b"".join(parts.ravel().tolist()) % tuple(args.ravel().tolist())
-        values = text.split(b"\n")
-        values.pop()
-        sha256 = hashlib.sha256
-        digests = b"".join([sha256(v).digest() for v in values])
+        encoded = self._encoder.encode(
+            [sess.prefix for sess in sessions], sidx, seqs, tsm_a, b.delete, b.rid, b.values, b.status
+        )
+        values, digests = (
+            encoded if encoded is not None else _encode_run(store, sessions, sidx, seqs, tsm_a, b)
+        )
         run = _Run(
             sessions=sessions,
             sidx=sidx,

@@ -91,9 +91,27 @@ def update_templates(sensor: str, session: str) -> dict[str, bytes]:
     """
     # The strings are JSON-escaped by orjson exactly as in a full dumps; a literal '%' in them must survive
     # the second formatting, hence the doubling.
-    head = b'{"sensor":' + orjson.dumps(sensor) + b',"session":' + orjson.dumps(session)
-    head = head.replace(b"%", b"%%") + b',"seq":%d,"kind":"update","ts":%d,"op":"'
-    return {op: head + op.encode("ascii") + b'","row":%b}' for op in OPS}
+    head = update_prefix(sensor, session).replace(b"%", b"%%") + b"%d" + UPDATE_AFTER_SEQ + b"%d"
+    return {op: head + update_after_ts(op) + b"%b}" for op in OPS}
+
+
+#: What follows the seq in every update, up to the ts (see ``update_prefix``).
+UPDATE_AFTER_SEQ = b',"kind":"update","ts":'
+
+
+def update_prefix(sensor: str, session: str) -> bytes:
+    """An update's text up to its seq.
+
+    ``prefix + seq + UPDATE_AFTER_SEQ + ts + update_after_ts(op) + row + b"}"``, the numbers in decimal, is
+    ``encode_update(sensor, session, seq, ts, op, row)``: the compiled encoder (``simulator.native``) writes
+    updates so.
+    """
+    return b'{"sensor":' + orjson.dumps(sensor) + b',"session":' + orjson.dumps(session) + b',"seq":'
+
+
+def update_after_ts(op: str) -> bytes:
+    """What follows the ts in an update with this op, up to the row (see ``update_prefix``)."""
+    return b',"op":"' + op.encode("ascii") + b'","row":'
 
 
 def row_template(row: Row, holes: Iterable[str] = ()) -> bytes:

@@ -26,7 +26,7 @@ def rebuild(messages):
         pytest.param({"duration_s": 1.5, "session_interval_s": 0.3}, id="on-schedule"),
         # Unthrottled: whole blocks of 8,192 updates go through the block encoder at once.
         pytest.param(
-            {"rate": 0, "duration_s": None, "max_messages": 40_000, "session_interval_s": 0.1, "columns": 6},
+            {"rate": 0, "duration_s": None, "max_messages": 40_000, "session_interval_s": 0.02, "columns": 6},
             id="unthrottled-extra-columns",
         ),
     ],
