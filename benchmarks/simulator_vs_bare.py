@@ -16,7 +16,8 @@ rates are measured the same way: from the first message to the last acknowledgem
 ``flush`` returns; the simulator: until the latest ``acked_ts`` in its ledger), not the set-up before the
 first message. The simulator's rate including the writing of its ledger and truth after the last
 acknowledgement is reported beside it. Rounds repeat (bare, bare+dr, bare+dr+sha, simulator, bare, ...) so
-a neighbour's load hits every side alike; the best of each is compared.
+a neighbour's load hits every side alike; the best of each is compared, and the medians are printed beside.
+Every side writes to topics of its own, deleted after it, so each starts on a broker holding no records.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ import numpy as np
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient
 
 from simulator import DEFAULT_PRODUCER, Simulator, SimulatorConfig
 from simulator.model import SensorTable
@@ -56,6 +58,17 @@ def broker_cpu_s(pid: int | None) -> float:
     except OSError:
         return 0.0
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def drop_topics(kafka: KafkaConfig, topics: list[str]) -> None:
+    """Delete a side's topics, so that every side writes to a broker holding the same data (none).
+
+    The embedded broker keeps every record in memory, and its CPU per message grew round after round while
+    the topics accumulated (0.8 to 1.5 us in one invocation): the side that ran last in a round paid most.
+    """
+    admin = AdminClient(kafka.client())
+    for future in admin.delete_topics(topics, operation_timeout=30).values():
+        future.result()
 
 
 def sample_payloads(sensors: int, rows: int) -> list[bytes]:
@@ -217,47 +230,36 @@ def main(argv: list[str] | None = None) -> int:
             results[side].append(out)
             return out
 
+        def fresh_topics() -> tuple[str, list[str]]:
+            prefix = f"bench{uuid.uuid4().hex[:6]}-sensor-"
+            return prefix, [f"{prefix}{k:04d}" for k in range(args.sensors)]
+
+        bares = [
+            ("bare", "bare     ", {}),
+            ("bare_reports", "bare+dr  ", {"reports": True}),
+            ("bare_ledger", "bare+dr+sha", {"reports": True, "digests": True}),
+        ]
         for r in range(args.repeats):
-            prefix = f"bench{uuid.uuid4().hex[:6]}-sensor-"
-            topics = [f"{prefix}{k:04d}" for k in range(args.sensors)]
-            ensure_topics(kafka, dict.fromkeys(topics, args.partitions))
-            b = timed("bare", bare, kafka, topics, args.partitions, payload, args.messages)
-            print(
-                f"  run {r + 1}: bare      {b['rate']:12,.0f} msg/s  {b['cpu_us_per_msg']:6.2f} CPU us/msg "
-                f"({b['main_thread_us_per_msg']:.2f} in the loop's thread; broker {b['broker_cpu_us_per_msg'] or 0:.2f})",
-                flush=True,
-            )
-            b = timed(
-                "bare_reports", bare, kafka, topics, args.partitions, payload, args.messages, reports=True
-            )
-            print(
-                f"  run {r + 1}: bare+dr   {b['rate']:12,.0f} msg/s  {b['cpu_us_per_msg']:6.2f} CPU us/msg "
-                f"({b['main_thread_us_per_msg']:.2f} in the loop's thread; broker {b['broker_cpu_us_per_msg'] or 0:.2f})",
-                flush=True,
-            )
-            b = timed(
-                "bare_ledger",
-                bare,
-                kafka,
-                topics,
-                args.partitions,
-                payload,
-                args.messages,
-                reports=True,
-                digests=True,
-            )
-            print(
-                f"  run {r + 1}: bare+dr+sha {b['rate']:10,.0f} msg/s  {b['cpu_us_per_msg']:6.2f} CPU us/msg "
-                f"({b['main_thread_us_per_msg']:.2f} in the loop's thread; broker {b['broker_cpu_us_per_msg'] or 0:.2f})",
-                flush=True,
-            )
-            prefix = f"bench{uuid.uuid4().hex[:6]}-sensor-"
+            for side, label, options in bares:
+                _, topics = fresh_topics()
+                ensure_topics(kafka, dict.fromkeys(topics, args.partitions))
+                b = timed(side, bare, kafka, topics, args.partitions, payload, args.messages, **options)
+                drop_topics(kafka, topics)
+                print(
+                    f"  run {r + 1}: {label} {b['rate']:12,.0f} msg/s  {b['cpu_us_per_msg']:6.2f} CPU us/msg "
+                    f"({b['main_thread_us_per_msg']:.2f} in the loop's thread; "
+                    f"broker {b['broker_cpu_us_per_msg'] or 0:.2f})",
+                    flush=True,
+                )
+            prefix, topics = fresh_topics()
             sim = timed(
                 "simulator", simulator, kafka, prefix, args.sensors, args.partitions, args.rows, args.messages
             )
+            drop_topics(kafka, topics)
             print(
                 f"  run {r + 1}: simulator {sim['rate']:12,.0f} msg/s  {sim['cpu_us_per_msg']:6.2f} CPU us/msg "
-                f"({sim['main_thread_us_per_msg']:.2f} in the loop's thread; broker {sim['broker_cpu_us_per_msg'] or 0:.2f}) "
+                f"({sim['main_thread_us_per_msg']:.2f} in the loop's thread; "
+                f"broker {sim['broker_cpu_us_per_msg'] or 0:.2f}) "
                 f"({sim['updates_per_s']:,.0f} updates/s; {sim['updates_per_s_with_records']:,.0f} with the "
                 "ledger written)",
                 flush=True,

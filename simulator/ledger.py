@@ -31,8 +31,14 @@ import pyarrow.parquet as pq
 
 from simulator.config import SimulatorError
 from simulator.faults import DELAYED, DUPLICATE, FAULT_NAMES
+from simulator.native import Digests
 
 log = logging.getLogger(__name__)
+
+#: Columns with few distinct values, which Parquet's dictionary encoding shrinks. The others (seqs, offsets,
+#: times and the SHA-256 hex) are left out of it: building their dictionaries made writing a row cost 0.53
+#: instead of 0.41 us of CPU, on the writer thread, and the file 8 % larger (a 170,000-row chunk).
+_DICTIONARY_COLUMNS = ["sensor", "topic", "session", "kind", "fault", "partition", "delivered", "error"]
 
 LEDGER_SCHEMA = pa.schema(
     [
@@ -140,7 +146,7 @@ class Ledger:
         self.lateness = LatenessHistogram()
         self.rows_written = 0
         # Sealed chunks waiting for their reports: (base, rows, digests, offsets, acked epoch ms), -1 = none yet.
-        self._sealed: list[tuple[int, np.ndarray, bytearray, np.ndarray, np.ndarray]] = []
+        self._sealed: list[tuple[int, np.ndarray, list[bytearray | Digests], np.ndarray, np.ndarray]] = []
         self._writer: pq.ParquetWriter | None = None
         self._file_rows = 0
         self._files = 0
@@ -158,9 +164,12 @@ class Ledger:
         self.rows: list[Row] = []
         self._pieces: list[np.ndarray] = []
         self._piece_rows = 0
-        # The raw digests of the open chunk's rows, in row order (zeros for a row never sent): appending to
-        # one buffer keeps 300,000 small bytes objects a second from living until the chunk is written.
-        self.digests = bytearray()
+        # The digests of the open chunk's rows, in row order: a block's are computed later, on the writer
+        # thread (``Digests``); rows added one at a time put their raw digest (zeros for a row never sent) in
+        # a buffer, so that 300,000 small bytes objects a second do not live until the chunk is written.
+        self._digests: list[bytearray | Digests] = []
+        self._ready = bytearray()
+        self._digest_rows = 0
 
     def _flush_rows(self) -> None:
         if self.rows:
@@ -176,15 +185,15 @@ class Ledger:
         fault: int,
         intended_ms: np.ndarray,
         sent_s: np.ndarray,
-        digests: bytes,
+        digests: Digests,
     ) -> int:
         """Append a block of sent rows at once (the hot path); returns the first one's row number.
 
-        The arrays have one entry per row; ``digests`` is their raw SHA-256 digests, 32 bytes each, in order.
+        The arrays have one entry per row; ``digests`` are the SHA-256 digests of their values, in order.
         """
         n = len(seq)
-        if len(digests) != 32 * n:
-            raise SimulatorError(f"ledger block has {n} rows but {len(digests) // 32} digests")
+        if len(digests) != n:
+            raise SimulatorError(f"ledger block has {n} rows but {len(digests)} digests")
         self._flush_rows()
         index = self.next_index
         piece = np.empty(n, dtype=_CHUNK_DTYPE)
@@ -196,7 +205,11 @@ class Ledger:
         piece["sent"] = sent_s
         self._pieces.append(piece)
         self._piece_rows += n
-        self.digests += digests
+        if self._ready:
+            self._digests.append(self._ready)
+            self._ready = bytearray()
+        self._digests.append(digests)
+        self._digest_rows += n
         return index
 
     @property
@@ -258,7 +271,8 @@ class Ledger:
         """Append one row off the hot path; returns its row number."""
         index = self.next_index
         self.rows.append((session, seq, kind, fault, intended_ms, sent_s))
-        self.digests += _ZERO_DIGEST if digest is None else digest
+        self._ready += _ZERO_DIGEST if digest is None else digest
+        self._digest_rows += 1
         return index
 
     def outstanding(self) -> int:
@@ -276,11 +290,10 @@ class Ledger:
         if on_time.any():
             self.lateness.add(sent[on_time] * 1000.0 - chunk["intended"][on_time])
         n = len(chunk)
-        if len(self.digests) != 32 * n:
-            raise SimulatorError(f"ledger chunk has {n} rows but {len(self.digests) // 32} digests")
-        self._sealed.append(
-            (self.base, chunk, self.digests, np.full(n, -1, np.int64), np.full(n, -1, np.int64))
-        )
+        if self._digest_rows != n:
+            raise SimulatorError(f"ledger chunk has {n} rows but {self._digest_rows} digests")
+        digests = [*self._digests, self._ready] if self._ready else self._digests
+        self._sealed.append((self.base, chunk, digests, np.full(n, -1, np.int64), np.full(n, -1, np.int64)))
         self.base += n
         self._new_chunk()
 
@@ -359,7 +372,9 @@ class Ledger:
                     path = self.directory / f"part-{self._files:05d}.parquet"
                     self._files += 1
                     self._file_rows = 0
-                    self._writer = pq.ParquetWriter(path, LEDGER_SCHEMA, compression="zstd")
+                    self._writer = pq.ParquetWriter(
+                        path, LEDGER_SCHEMA, compression="zstd", use_dictionary=_DICTIONARY_COLUMNS
+                    )
                 self._writer.write_table(table)
                 self._file_rows += table.num_rows
             except OSError as exc:
@@ -387,7 +402,7 @@ class Ledger:
                         texts[k] = NOT_ACKNOWLEDGED
             errors = pa.array(texts, type=pa.string())
         # Every sent row has a digest; unsent rows hold zeros, masked to null below.
-        hexed = binascii.hexlify(work.digests)
+        hexed = binascii.hexlify(b"".join(d.resolve() if isinstance(d, Digests) else d for d in work.digests))
         sha = pa.FixedSizeBinaryArray.from_buffers(pa.binary(64), n, [None, pa.py_buffer(hexed)])
         sha_text = sha.cast(pa.binary()).cast(pa.string())
         if unsent.any():
@@ -422,7 +437,7 @@ class _Work:
     """One sealed chunk with its delivery results, on its way to the writer thread."""
 
     chunk: np.ndarray
-    digests: bytearray
+    digests: list[bytearray | Digests]
     offsets: np.ndarray
     acked: np.ndarray
     errors: list[str | None] | None

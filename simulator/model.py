@@ -1,8 +1,8 @@
 """The sensor model: each sensor's table of rows whose measurements move as random walks.
 
-A ``SensorTable`` is the state a real sensor holds: the truth a perfect pipeline must rebuild. Updates are
-applied in numpy blocks (``SensorTable.update_block``): a message depends only on earlier messages to the
-same slot of the table, so a block is resolved per slot with sorts, running maxima and cumulative sums.
+A ``SensorTable`` is the state a real sensor holds: the truth a perfect pipeline must rebuild. The tables of
+a fleet live in one ``TableStore`` of numpy arrays, and updates are applied to them a block at a time by
+compiled code (``simulator.native.update_run``), one message after the other.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 from faker import Faker
 
+from simulator import native
 from sotw import wire
 
 # (measurement, unit, typical level, spread of the level across rows, random-walk step)
@@ -102,7 +103,7 @@ def skew_weights(n: int, skew: float) -> np.ndarray:
 
 @dataclass(frozen=True)
 class BlockUpdate:
-    """What a block of updates did to one table, one entry per message in the order given.
+    """What a block of updates did to the tables, one entry per message in the order given.
 
     Parameters
     ----------
@@ -110,20 +111,35 @@ class BlockUpdate:
         True where the update deletes its row (an upsert otherwise: of a new row, or of a live one).
     rid
         The row each update touches.
-    template
-        Each message's row as ``sotw.wire.row_template`` with ``SensorTable.holes`` left open; a delete's is
-        ``{"id":N}`` followed by empty holes (``%.0b``) so that every message takes the same arguments.
     values
         The numeric columns (``SensorTable.numeric``) after each update, shape ``(n, len(numeric))``.
     status
         Index into ``STATUSES`` of each row's status after the update.
+    store
+        The tables' store, which makes the templates.
     """
 
     delete: np.ndarray
     rid: np.ndarray
-    template: np.ndarray
     values: np.ndarray
     status: np.ndarray
+    store: TableStore
+
+    @property
+    def template(self) -> np.ndarray:
+        """Each message's row as ``sotw.wire.row_template`` with ``TableStore.holes`` left open.
+
+        A delete's is ``{"id":N}`` followed by empty holes (``%.0b``), so every message takes the same
+        arguments. Made on demand: only the Python encoder (runs the compiled one declines) needs them.
+        """
+        store = self.store
+        return np.array(
+            [
+                store.delete_template(r) if d else store.template(r)
+                for d, r in zip(self.delete.tolist(), self.rid.tolist(), strict=True)
+            ],
+            dtype=object,
+        )
 
 
 class TableStore:
@@ -132,11 +148,11 @@ class TableStore:
     Each table (``SensorTable``) owns ``capacity`` consecutive slots. An update picks a slot of its table with
     its uniform: a live slot's row is upserted (one measurement moves by a random-walk step) or, with
     probability ``p_delete``, deleted; an empty slot gets a new row (an insert, which is an upsert of a new
-    id). Because a message only depends on earlier messages to the same slot, a block of updates to any
-    tables is computed at once (``update_block``) instead of one Python call per message, and each table's
-    size stays near ``rows`` by construction: at equilibrium inserts and deletes are each about
-    ``(insert_ratio + delete_ratio) / 2`` of the updates. Each measurement's walk is kept unrounded (its
-    *level*); what a message carries and the truth holds is the level rounded to 3 decimals.
+    id). A block of updates to any tables is applied in one compiled call (``update_block``) instead of one
+    Python call per message, and each table's size stays near ``rows`` by construction: at equilibrium
+    inserts and deletes are each about ``(insert_ratio + delete_ratio) / 2`` of the updates. Each
+    measurement's walk is kept unrounded (its *level*); what a message carries and the truth holds is the
+    level rounded to 3 decimals.
 
     Parameters
     ----------
@@ -165,7 +181,6 @@ class TableStore:
         self.values = np.zeros((0, k))
         self.step = np.zeros((0, k))
         self.status = np.zeros(0, dtype=np.int64)
-        self.templates = np.zeros(0, dtype=object)
         self.next_id = np.zeros(0, dtype=np.int64)
         self._value_col = self.numeric.index("value") if "value" in self.numeric else -1
         # A delete's row is ``{"id":N}``; it takes (and prints nothing of) the holes an upsert fills.
@@ -184,7 +199,6 @@ class TableStore:
         self.values = np.concatenate([self.values, np.zeros((cap, k))])
         self.step = np.concatenate([self.step, np.zeros((cap, k))])
         self.status = np.concatenate([self.status, np.zeros(cap, dtype=np.int64)])
-        self.templates = np.concatenate([self.templates, np.full(cap, None, dtype=object)])
         self.next_id = np.append(self.next_id, self.rows)
         z = rng.standard_normal((self.rows, 1 + k))
         for rid in range(self.rows):
@@ -200,7 +214,6 @@ class TableStore:
             self.step[slot] = 0.1
             if self._value_col >= 0:
                 self.step[slot, self._value_col] = STEPS[rid % _NM]
-            self.templates[slot] = self.template(rid)
         return index
 
     def row(self, rid: int, values: Any, status: int) -> dict[str, Any]:
@@ -238,174 +251,54 @@ class TableStore:
     def update_one(
         self, table: int, u_op: float, u_row: float, z: float
     ) -> tuple[bool, int, list[float], int]:
-        """One update, as ``update_block`` would apply it alone: ``(delete, rid, values, status)``.
-
-        The per-message path (faults, short runs) uses it; it is plain Python over the same arrays, computed in
-        the same order of float operations as a one-message block, so both give the same doubles.
-        """
-        cap = self.capacity
-        k = len(self.numeric)
-        slot = table * cap + min(int(u_row * cap), cap - 1)
-        if self.live[slot]:
-            rid = int(self.ids[slot])
-            if u_op < self.p_delete:
-                self.live[slot] = False
-                self.ids[slot] = -1
-                self.templates[slot] = None
-                return True, rid, self.values[slot].tolist(), int(self.status[slot])
-            level = self.level[slot].tolist()
-            if k:
-                col = int(u_row * cap * 7919.0) % k if k > 1 else 0
-                inc = float(self.step[slot, col]) * z
-                level = [x + 0.0 - 0.0 for x in level]
-                level[col] = self.level[slot, col] + (0.0 + inc) - 0.0
-            if self.has_status and u_op >= _STATUS_FROM:
-                self.status[slot] = int(u_row * cap * 997.0) % len(STATUSES)
-        else:
-            rid = int(self.next_id[table])
-            self.next_id[table] += 1
-            level = [10.0 * z] * k
-            self.step[slot] = 0.1
-            if self._value_col >= 0:
-                level[self._value_col] = float(_LEVEL_ARR[rid % _NM]) + float(_SPREAD_ARR[rid % _NM]) * z
-                self.step[slot, self._value_col] = STEPS[rid % _NM]
-            level = [x + 0.0 - 0.0 for x in level]
-            self.live[slot] = True
-            self.ids[slot] = rid
-            self.status[slot] = 0
-            self.templates[slot] = self.template(rid)
-        self.level[slot] = level
-        values = [(x * 1000.0 + 0.5) // 1.0 / 1000.0 for x in level]  # milli()
-        self.values[slot] = values
-        return False, rid, values, int(self.status[slot])
+        """One update, as ``update_block`` applies it: ``(delete, rid, values, status)`` (the per-message path)."""
+        b = self.update_block(np.array([table]), np.array([u_op]), np.array([u_row]), np.array([z]))
+        return bool(b.delete[0]), int(b.rid[0]), b.values[0].tolist(), int(b.status[0])
 
     def update_block(
         self, table: np.ndarray, u_op: np.ndarray, u_row: np.ndarray, z: np.ndarray
     ) -> BlockUpdate:
-        """Apply a block of updates, in order, as if one at a time; return what each message carries.
+        """Apply a block of updates, in order; return what each message carries.
 
         ``table`` is each message's table index, ``u_op`` and ``u_row`` uniforms in [0, 1) and ``z`` standard
-        normals. Messages are grouped by slot (a stable sort keeps their order inside a slot) and each slot's
-        sequence is resolved with running maxima and cumulative sums: the state before a message is fixed by
-        the last message to the slot that did not delete (after it the slot is live) and how many
-        deletes-or-inserts alternate since; a row's level is its insert's level (or the slot's level at the
-        block's start) plus the steps of the upserts since.
+        normals. The updates are applied one after the other by compiled code (``simulator.native``).
         """
         m = len(u_op)
-        cap = self.capacity
         k = len(self.numeric)
-        slot = table * cap + np.minimum((u_row * cap).astype(np.int64), cap - 1)
-        order = stable_order(slot)
-        sl = slot[order]
-        uo, ur, zs = u_op[order], u_row[order], z[order]
-        dl = uo < self.p_delete
-        idx = np.arange(m)
-        first = np.ones(m, dtype=bool)
-        first[1:] = sl[1:] != sl[:-1]
-        gs = np.maximum.accumulate(np.where(first, idx, 0))
-        # After a message that does not delete, its slot is live; a run of would-be deletes after it
-        # alternates delete, insert, delete...
-        reset = np.zeros(m, dtype=np.int64)
-        reset[1:] = np.where(~dl[:-1], idx[1:], 0)
-        since = np.maximum(np.maximum.accumulate(reset), gs)
-        live_before = np.where(since > gs, True, self.live[sl]) ^ ((idx - since) & 1).astype(bool)
-        ins = ~live_before
-        dele = live_before & dl
-        ups = live_before & ~dl
-        fresh = np.zeros(m, dtype=bool)
-        last_ins = np.full(m, -1, dtype=np.int64)
-        rid = self.ids[sl]
-        if ins.any():
-            # New ids, per table in message order.
-            where = np.flatnonzero(ins)
-            msg_pos = order[where]
-            by_msg = stable_order(msg_pos)
-            tab = table[msg_pos[by_msg]]
-            by_tab = stable_order(tab)
-            tsorted = tab[by_tab]
-            tfirst = np.ones(len(tsorted), dtype=bool)
-            tfirst[1:] = tsorted[1:] != tsorted[:-1]
-            n_ins = len(tsorted)
-            rank = np.arange(n_ins) - np.maximum.accumulate(np.where(tfirst, np.arange(n_ins), 0))
-            new_ids = np.empty(n_ins, dtype=np.int64)
-            new_ids[by_msg[by_tab]] = self.next_id[tsorted] + rank
-            np.add.at(self.next_id, tsorted, 1)
-            new_id = np.zeros(m, dtype=np.int64)
-            new_id[where] = new_ids
-            last_ins = np.maximum.accumulate(np.where(ins, idx, -1))
-            fresh = last_ins >= gs
-            rid = np.where(fresh, new_id[np.maximum(last_ins, 0)], rid)
-        # Levels: a new row's starting level, or the slot's, plus the steps of the upserts since.
-        kind = rid % _NM
-        step = self.step[sl]
-        vc = self._value_col
-        if fresh.any():
-            step[fresh] = 0.1
-            if vc >= 0:
-                step[fresh, vc] = _STEP_ARR[kind[fresh]]
-        col = (ur * cap * 7919.0).astype(np.int64) % k if k > 1 else np.zeros(m, dtype=np.int64)
-        inc = np.zeros((m + 1, k))
-        if k:
-            up = np.flatnonzero(ups)
-            inc[up + 1, col[up]] = step[up, col[up]] * zs[up]
-        cum = np.cumsum(inc, axis=0)
-        start = self.level[sl]
-        base = gs
-        if fresh.any():
-            where = np.flatnonzero(ins)
-            init = 10.0 * np.repeat(zs[where, None], k, axis=1)
-            if vc >= 0:
-                init[:, vc] = _LEVEL_ARR[kind[where]] + _SPREAD_ARR[kind[where]] * zs[where]
-            start_ins = np.zeros((m, k))
-            start_ins[where] = init
-            start = np.where(fresh[:, None], start_ins[np.maximum(last_ins, 0)], start)
-            base = np.where(fresh, last_ins + 1, gs)
-        level = start + cum[idx + 1] - cum[base]
-        values = _milli(level)
-        # Status: an insert sets "ok", an upsert sometimes another; otherwise the slot's stays.
-        status = self.status[sl]
-        changes = ups & (uo >= _STATUS_FROM) if self.has_status else np.zeros(m, dtype=bool)
-        if changes.any() or fresh.any():
-            new_status = np.where(ins, 0, (ur * cap * 997.0).astype(np.int64) % len(STATUSES))
-            last_st = np.maximum.accumulate(np.where(ins | changes, idx, -1))
-            status = np.where(last_st >= gs, new_status[np.maximum(last_st, 0)], status)
-        # Each message's row template: a new row's is made once, at its insert.
-        templates = self.templates[sl]
-        if fresh.any():
-            made = np.empty(m, dtype=object)
-            for i, r in zip(np.flatnonzero(ins).tolist(), rid[ins].tolist(), strict=True):
-                made[i] = self.template(r)
-            fi = np.flatnonzero(fresh)
-            templates[fi] = made[last_ins[fi]]
-        if dele.any():
-            pieces = self._delete_pieces
-            templates[dele] = [str(r).encode("ascii").join(pieces) for r in rid[dele].tolist()]
-        # The tables after the block: each slot as its last message left it.
-        last = np.ones(m, dtype=bool)
-        last[:-1] = first[1:]
-        g = np.flatnonzero(last)
-        gslot = sl[g]
-        alive = ~dele[g]
-        self.live[gslot] = alive
-        self.ids[gslot] = np.where(alive, rid[g], -1)
-        self.level[gslot] = level[g]
-        self.values[gslot] = values[g]
-        self.step[gslot] = step[g]
-        self.status[gslot] = status[g]
-        kept = templates[g]
-        kept[~alive] = None
-        self.templates[gslot] = kept
-        out_dele = np.empty(m, dtype=bool)
-        out_dele[order] = dele
-        out_rid = np.empty(m, dtype=np.int64)
-        out_rid[order] = rid
-        out_tpl = np.empty(m, dtype=object)
-        out_tpl[order] = templates
-        out_val = np.empty((m, k))
-        out_val[order] = values
-        out_st = np.empty(m, dtype=np.int64)
-        out_st[order] = status
-        return BlockUpdate(out_dele, out_rid, out_tpl, out_val, out_st)
+        delete = np.empty(m, dtype=bool)
+        rid = np.empty(m, dtype=np.int64)
+        values = np.empty((m, k))
+        status = np.empty(m, dtype=np.int64)
+        native.update_run(
+            np.ascontiguousarray(table, dtype=np.int64),
+            np.ascontiguousarray(u_op, dtype=np.float64),
+            np.ascontiguousarray(u_row, dtype=np.float64),
+            np.ascontiguousarray(z, dtype=np.float64),
+            self.capacity,
+            self.p_delete,
+            self._value_col,
+            _STATUS_FROM if self.has_status else 2.0,
+            len(STATUSES),
+            self.live,
+            self.ids,
+            self.level,
+            self.values,
+            self.step,
+            self.status,
+            self.next_id,
+            _LEVEL_ARR,
+            _SPREAD_ARR,
+            _STEP_ARR,
+            delete,
+            rid,
+            values,
+            status,
+        )
+        return BlockUpdate(delete, rid, values, status, self)
+
+    def delete_template(self, rid: int) -> bytes:
+        """A delete's row, ``{"id":N}``, with empty holes (``%.0b``) so that it takes an upsert's arguments."""
+        return str(rid).encode("ascii").join(self._delete_pieces)
 
 
 class SensorTable:

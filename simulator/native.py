@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import _hashlib
 import ctypes
+import hashlib
 import logging
 import math
 import re
@@ -149,19 +150,17 @@ def _encode_run(
     lit: Any,
     consts: Any,
     out: Any,
-    digests: Any,
-    ctx: Any,
+    bounds: Any,
 ) -> int:
-    """Write each message's JSON and a newline into ``out`` and its SHA-256 into ``digests``; return the length.
+    """Write each message's JSON and a newline into ``out``, where each starts into ``bounds``; return the length.
 
     ``consts`` holds (start, length) in ``lit`` of the fixed pieces: after seq, after ts (upsert, then
     delete), a delete's row head and the closing brace. Returns -1 if a value cannot be written exactly.
     """
     pos = 0
-    c = _addr(ctx, 0)
     kinds = len(prog_at) - 1
     for i in range(len(sidx)):
-        start = pos
+        bounds[i] = pos
         s = sidx[i]
         pos = _put(out, pos, heads, head_at[s], head_at[s + 1] - head_at[s])
         pos = _put_int(out, pos, seqs[i])
@@ -189,12 +188,99 @@ def _encode_run(
                     st = status[i]
                     pos = _put(out, pos, lit, stat[st, 0], stat[st, 1])
         pos = _put(out, pos, lit, consts[8], consts[9])
-        _sha_init(c)
-        _sha_update(c, _addr(out, start), pos - start)
-        _sha_final(_addr(digests, 32 * i), c)
         out[pos] = 10  # '\n'
         pos += 1
+    bounds[len(sidx)] = pos
     return pos
+
+
+@njit(cache=True, nogil=True)
+def _hash_values(text: Any, bounds: Any, digests: Any, ctx: Any) -> None:
+    """SHA-256 of each value in ``text``: value ``i`` is ``text[bounds[i]:bounds[i + 1] - 1]`` (a newline ends it)."""
+    c = _addr(ctx, 0)
+    for i in range(len(bounds) - 1):
+        _sha_init(c)
+        _sha_update(c, _addr(text, bounds[i]), bounds[i + 1] - 1 - bounds[i])
+        _sha_final(_addr(digests, 32 * i), c)
+
+
+@njit(cache=True, nogil=True)
+def update_run(
+    table: Any,
+    u_op: Any,
+    u_row: Any,
+    z: Any,
+    cap: int,
+    p_delete: float,
+    value_col: int,
+    status_from: float,
+    n_status: int,
+    live: Any,
+    ids: Any,
+    level: Any,
+    values: Any,
+    step: Any,
+    status: Any,
+    next_id: Any,
+    kind_level: Any,
+    kind_spread: Any,
+    kind_step: Any,
+    out_delete: Any,
+    out_rid: Any,
+    out_values: Any,
+    out_status: Any,
+) -> None:
+    """Apply updates to a ``simulator.model.TableStore``'s arrays in order, and say what each message carries.
+
+    Update ``i`` picks slot ``min(u_row * cap, cap - 1)`` of table ``table[i]``. A live slot's row is deleted
+    when ``u_op < p_delete``; otherwise one of its measurements (picked by ``u_row``) takes a random-walk step
+    of ``step * z``, and when ``u_op >= status_from`` its status changes to one picked by ``u_row``. An empty
+    slot gets a new row: the table's next id, measurements started from ``z`` (the ``value`` column at its
+    kind's level and spread, a row's kind being its id modulo ``len(kind_level)``) and status 0. Values are
+    the levels rounded to thousandths (``simulator.model.milli``). A delete carries the row as it was.
+    """
+    k = level.shape[1]
+    kinds = len(kind_level)
+    for i in range(len(table)):
+        t = table[i]
+        ur = u_row[i]
+        slot = t * cap + min(int(ur * cap), cap - 1)
+        if live[slot]:
+            rid = ids[slot]
+            if u_op[i] < p_delete:
+                live[slot] = False
+                ids[slot] = -1
+                out_delete[i] = True
+                out_rid[i] = rid
+                for j in range(k):
+                    out_values[i, j] = values[slot, j]
+                out_status[i] = status[slot]
+                continue
+            if k:
+                col = int(ur * cap * 7919.0) % k if k > 1 else 0
+                level[slot, col] = level[slot, col] + step[slot, col] * z[i]
+            if u_op[i] >= status_from:
+                status[slot] = int(ur * cap * 997.0) % n_status
+        else:
+            rid = next_id[t]
+            next_id[t] = rid + 1
+            kind = rid % kinds
+            for j in range(k):
+                level[slot, j] = 10.0 * z[i]
+                step[slot, j] = 0.1
+            if value_col >= 0:
+                level[slot, value_col] = kind_level[kind] + kind_spread[kind] * z[i]
+                step[slot, value_col] = kind_step[kind]
+            live[slot] = True
+            ids[slot] = rid
+            status[slot] = 0
+        for j in range(k):
+            v = np.floor(level[slot, j] * 1000.0 + 0.5) / 1000.0
+            values[slot, j] = v
+            out_values[i, j] = v
+        out_delete[i] = False
+        out_rid[i] = rid
+        out_status[i] = status[slot]
 
 
 class RunEncoder:
@@ -258,8 +344,6 @@ class RunEncoder:
         self._longest = max(sum(len(p) for p in pieces) for pieces in kinds) + 24 * len(holes) + 128
         self._columns = len(numeric)
         self._out = np.empty(0, dtype=np.uint8)
-        self._digests = np.empty(0, dtype=np.uint8)
-        self._ctx = np.zeros(256, dtype=np.uint8)  # a SHA256_CTX is 112 bytes
 
     def encode(
         self,
@@ -271,8 +355,8 @@ class RunEncoder:
         rid: np.ndarray,
         values: np.ndarray,
         status: np.ndarray,
-    ) -> tuple[list[bytes], bytes] | None:
-        """Each message's value and the run's raw SHA-256 digests, or None if Python must encode this run.
+    ) -> tuple[list[bytes], Digests] | None:
+        """Each message's value and their digests to come, or None if Python must encode this run.
 
         ``prefixes`` are the run's sessions' ``sotw.wire.update_prefix``; ``sidx`` indexes them per message.
         """
@@ -282,13 +366,11 @@ class RunEncoder:
         head_at = np.zeros(len(prefixes) + 1, dtype=np.int64)
         head_at[1:] = np.cumsum([len(p) for p in prefixes])
         heads = np.frombuffer(b"".join(prefixes) or b"\0", dtype=np.uint8)
-        # The buffers are kept from run to run: a fresh 3 MB one a run costs its page faults every time.
+        # The buffer is kept from run to run: a fresh 3 MB one a run costs its page faults every time.
         size = m * (int(np.diff(head_at).max(initial=0)) + self._longest)
         if len(self._out) < size:
             self._out = np.empty(size, dtype=np.uint8)
-        if len(self._digests) < 32 * m:
-            self._digests = np.empty(32 * m, dtype=np.uint8)
-        out, digests = self._out, self._digests
+        bounds = np.empty(m + 1, dtype=np.int64)
         n = _encode_run(
             heads,
             head_at,
@@ -304,19 +386,69 @@ class RunEncoder:
             self._stat,
             self._lit,
             self._consts,
-            out,
-            digests,
-            self._ctx,
+            self._out,
+            bounds,
         )
         if n < 0:
             return None
-        texts = out[:n].tobytes().split(b"\n")
+        text = self._out[:n].tobytes()
+        texts = text.split(b"\n")
         texts.pop()
-        return texts, digests[: 32 * m].tobytes()
+        return texts, Digests(text, bounds)
 
     def warm_up(self) -> bool:
-        """Compile the kernel, or load it from numba's cache, now rather than in a run; True if it works."""
+        """Compile the kernels, or load them from numba's cache, now rather than in a run; True if they work."""
         one = np.zeros(1, dtype=np.int64)
         values = np.zeros((1, self._columns))
         done = self.encode([b"{"], one, one, one, np.ones(1, dtype=bool), one, values, one)
-        return done is not None
+        return done is not None and len(done[1].resolve()) == 32
+
+
+class Digests:
+    """The SHA-256 digests of newline-ended values in one text, computed when first asked for.
+
+    The simulator's loop hands these to the ledger instead of digests: the hashing (about 0.2 us a message)
+    then happens on the ledger's writer thread, in compiled code that lets go of the GIL, while the loop
+    goes on producing.
+
+    Parameters
+    ----------
+    text
+        The values, each followed by a newline.
+    bounds
+        Where each value starts in ``text``, and where the last one's newline ends it: ``len(values) + 1``
+        offsets.
+    """
+
+    __slots__ = ("_bounds", "_text")
+
+    def __init__(self, text: bytes, bounds: np.ndarray) -> None:
+        self._text = text
+        self._bounds = bounds
+
+    @classmethod
+    def of(cls, values: Sequence[bytes]) -> Digests:
+        """The digests of these values (joined, with a newline after each)."""
+        bounds = np.zeros(len(values) + 1, dtype=np.int64)
+        bounds[1:] = np.cumsum([len(v) + 1 for v in values])
+        return cls(b"".join(v + b"\n" for v in values), bounds)
+
+    def __len__(self) -> int:
+        return len(self._bounds) - 1
+
+    def __getitem__(self, part: slice) -> Digests:
+        """The digests of values ``part.start`` to ``part.stop`` (a slice without a step)."""
+        i, j, _ = part.indices(len(self))
+        return Digests(self._text, self._bounds[i : max(i, j) + 1])
+
+    def resolve(self) -> bytes:
+        """The raw digests, 32 bytes each, in order."""
+        digests = np.empty(32 * len(self), dtype=np.uint8)
+        if AVAILABLE:
+            _hash_values(
+                np.frombuffer(self._text, dtype=np.uint8), self._bounds, digests, np.zeros(256, np.uint8)
+            )
+            return digests.tobytes()
+        text, bounds = self._text, self._bounds.tolist()
+        sha256 = hashlib.sha256
+        return b"".join([sha256(text[a : b - 1]).digest() for a, b in zip(bounds, bounds[1:], strict=False)])

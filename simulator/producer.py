@@ -49,7 +49,7 @@ from simulator.faults import (
 from simulator.fleet import Fleet, Sensor, Session
 from simulator.ledger import END, KIND_NAMES, SNAPSHOT, UPDATE, Ledger
 from simulator.model import KINDS, STATUSES, BlockUpdate, TableStore, stable_order
-from simulator.native import RunEncoder
+from simulator.native import Digests, RunEncoder
 from simulator.truth import Truth
 from sotw import wire
 from sotw.broker import wait_for_kafka
@@ -175,7 +175,7 @@ class _Run:
     tsm: list[int]
     tsm_a: np.ndarray  # ``tsm`` as an array, for the ledger block
     values: list[bytes]
-    digests: bytes
+    digests: Digests
     # Each session's topic, key, partition and delivery callback, as object arrays indexed like ``sessions``:
     # a stretch's per-message argument lists come from one take each, not from attribute reads per message.
     topics: np.ndarray
@@ -191,11 +191,11 @@ def _encode_run(
     seqs: np.ndarray,
     tsm: np.ndarray,
     b: BlockUpdate,
-) -> tuple[list[bytes], bytes]:
-    """``simulator.native.RunEncoder.encode`` in Python: each message's value and the run's raw digests.
+) -> tuple[list[bytes], Digests]:
+    """``simulator.native.RunEncoder.encode`` in Python: each message's value and their digests to come.
 
     All values are made by one bytes formatting of the run's templates (session head + row template per
-    message), split on the newline that JSON text never contains raw, and hashed in one comprehension.
+    message), split on the newline that JSON text never contains raw.
     """
     m = len(sidx)
     heads = np.empty((len(sessions), 2), dtype=object)
@@ -215,8 +215,7 @@ def _encode_run(
     text = b"".join(parts.ravel().tolist()) % tuple(args.ravel().tolist())
     values = text.split(b"\n")
     values.pop()
-    sha256 = hashlib.sha256
-    return values, b"".join([sha256(v).digest() for v in values])
+    return values, Digests.of(values)
 
 
 def _versions() -> dict[str, str]:
@@ -768,7 +767,7 @@ class Simulator:
             NONE,
             run.tsm_a[i:j],
             sent,
-            run.digests[32 * i : 32 * j],
+            run.digests[i:j],
         )
         self._sent += j - i
 

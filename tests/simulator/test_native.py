@@ -3,8 +3,9 @@ import hashlib
 import numpy as np
 import pytest
 
+from simulator import native
 from simulator.model import KINDS, STATUSES, TableStore, milli
-from simulator.native import RunEncoder
+from simulator.native import Digests, RunEncoder
 from sotw import wire
 
 SESSIONS = [("0007", "0007-run%1-00001"), ('s"é\\', "sé-00002"), ("x" * 40, "x-00003")]
@@ -30,7 +31,9 @@ def test_the_compiled_encoder_writes_each_update_and_its_sha256_as_the_wire_form
         tsm = rng.integers(1_700_000_000_000, 1_900_000_000_000, m)
         encoded = encoder.encode(prefixes, table, seqs, tsm, b.delete, b.rid, b.values, b.status)
         assert encoded is not None
-        values, digests = encoded
+        values, pending = encoded
+        digests = pending.resolve()
+        assert len(pending) == m and pending[1:m].resolve() == digests[32:]
         assert b.delete.any() or m < 100
         for i in range(m):
             sensor, session = SESSIONS[table[i]]
@@ -62,3 +65,13 @@ def test_floats_come_out_as_orjson_writes_them_and_others_are_left_to_python():
         assert value == [wire.encode_update("s", "s-1", 0, 0, "upsert", {"id": 0, "value": x})], x
     for x in refused:
         assert encode(x) is None, x
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_digests_of_values_are_their_sha256_compiled_or_not(monkeypatch, compiled):
+    values = [b"", b"{}", "é%\\".encode(), b"x" * 1000]
+    monkeypatch.setattr(native, "AVAILABLE", compiled)
+    digests = Digests.of(values)
+    assert len(digests) == 4 and len(digests[2:]) == 2 and len(digests[3:1]) == 0
+    assert digests.resolve() == b"".join(hashlib.sha256(v).digest() for v in values)
+    assert digests[1:3].resolve() == b"".join(hashlib.sha256(v).digest() for v in values[1:3])
