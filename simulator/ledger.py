@@ -403,8 +403,9 @@ class Ledger:
             errors = pa.array(texts, type=pa.string())
         # Every sent row has a digest; unsent rows hold zeros, masked to null below.
         hexed = binascii.hexlify(b"".join(d.resolve() if isinstance(d, Digests) else d for d in work.digests))
-        sha = pa.FixedSizeBinaryArray.from_buffers(pa.binary(64), n, [None, pa.py_buffer(hexed)])
-        sha_text = sha.cast(pa.binary()).cast(pa.string())
+        # A string array over the hex text as it is: every value is 64 characters, so its offsets are a range.
+        offsets = pa.py_buffer(np.arange(0, 64 * n + 1, 64, dtype=np.int32))
+        sha_text = pa.StringArray.from_buffers(n, offsets, pa.py_buffer(hexed))
         if unsent.any():
             sha_text = pc.if_else(pa.array(~unsent), sha_text, pa.scalar(None, pa.string()))
         partition = partitions.take(sess)

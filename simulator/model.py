@@ -296,6 +296,11 @@ class TableStore:
         )
         return BlockUpdate(delete, rid, values, status, self)
 
+    def warm_up(self) -> None:
+        """Compile the update kernel, or load it from numba's cache, now rather than in a run's schedule."""
+        none = np.zeros(0)
+        self.update_block(np.zeros(0, dtype=np.int64), none, none, none)
+
     def delete_template(self, rid: int) -> bytes:
         """A delete's row, ``{"id":N}``, with empty holes (``%.0b``) so that it takes an upsert's arguments."""
         return str(rid).encode("ascii").join(self._delete_pieces)

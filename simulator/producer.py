@@ -371,7 +371,8 @@ class Simulator:
             [store.row_pieces(k) for k in range(KINDS)], store.holes, store.numeric, STATUSES
         )
         self._encoder.warm_up()
-        # The schedule starts only now, so building the fleet, creating topics and loading the compiled encoder
+        store.warm_up()
+        # The schedule starts only now, so building the fleet, creating topics and loading the compiled kernels
         # are not counted as lateness.
         self._started = True
         self._start_s = start_s = self.clock()
