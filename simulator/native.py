@@ -151,15 +151,19 @@ def _encode_run(
     consts: Any,
     out: Any,
     bounds: Any,
+    longest: int,
 ) -> int:
     """Write each message's JSON and a newline into ``out``, where each starts into ``bounds``; return the length.
 
     ``consts`` holds (start, length) in ``lit`` of the fixed pieces: after seq, after ts (upsert, then
-    delete), a delete's row head and the closing brace. Returns -1 if a value cannot be written exactly.
+    delete), a delete's row head and the closing brace. ``longest`` bounds a message's length, newline
+    included. Returns -1 if a value cannot be written exactly, -2 if ``out`` could overflow.
     """
     pos = 0
     kinds = len(prog_at) - 1
     for i in range(len(sidx)):
+        if pos + longest > len(out):  # nothing checks indices in compiled code: never write past the end
+            return -2
         bounds[i] = pos
         s = sidx[i]
         pos = _put(out, pos, heads, head_at[s], head_at[s + 1] - head_at[s])
@@ -341,7 +345,14 @@ class RunEncoder:
         self._prog_at = np.array(prog_at, dtype=np.int64)
         self._lit = np.frombuffer(bytes(lit), dtype=np.uint8)
         self._consts = np.array(consts, dtype=np.int64)
-        self._longest = max(sum(len(p) for p in pieces) for pieces in kinds) + 24 * len(holes) + 128
+        # The longest message without its session prefix: the longest row template with its two ids and its
+        # holes at their widest (a float is at most 14 characters here, a status its JSON), the fixed pieces,
+        # seq and ts at 20 digits each, the closing brace and the newline.
+        widest = max([24, *(len(wire.encode_row(s)) for s in statuses)])
+        row = max(sum(len(p) for p in pieces) + 20 * (len(pieces) - 1) for pieces in kinds) + widest * len(
+            holes
+        )
+        self._longest = row + 2 * 20 + sum(length for length in consts[1::2]) + 2
         self._columns = len(numeric)
         self._out = np.empty(0, dtype=np.uint8)
 
@@ -367,7 +378,8 @@ class RunEncoder:
         head_at[1:] = np.cumsum([len(p) for p in prefixes])
         heads = np.frombuffer(b"".join(prefixes) or b"\0", dtype=np.uint8)
         # The buffer is kept from run to run: a fresh 3 MB one a run costs its page faults every time.
-        size = m * (int(np.diff(head_at).max(initial=0)) + self._longest)
+        longest = int(np.diff(head_at).max(initial=0)) + self._longest
+        size = m * longest
         if len(self._out) < size:
             self._out = np.empty(size, dtype=np.uint8)
         bounds = np.empty(m + 1, dtype=np.int64)
@@ -388,7 +400,10 @@ class RunEncoder:
             self._consts,
             self._out,
             bounds,
+            longest,
         )
+        if n == -2:
+            raise AssertionError(f"encode buffer of {len(self._out):,} bytes too small for {m} messages")
         if n < 0:
             return None
         text = self._out[:n].tobytes()
