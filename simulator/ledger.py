@@ -150,7 +150,7 @@ class Ledger:
         self._writer: pq.ParquetWriter | None = None
         self._file_rows = 0
         self._files = 0
-        self._failure: OSError | None = None
+        self._failure: Exception | None = None
         self._queue: queue.SimpleQueue[_Work | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._write_files, name="sotw-ledger-writer", daemon=True)
         self._thread.start()
@@ -377,7 +377,7 @@ class Ledger:
                     )
                 self._writer.write_table(table)
                 self._file_rows += table.num_rows
-            except OSError as exc:
+            except Exception as exc:  # noqa: BLE001 - any failure here must reach close(), not end the thread
                 self._failure = exc
         if self._writer is not None:
             self._writer.close()

@@ -265,6 +265,11 @@ class TableStore:
         """
         m = len(u_op)
         k = len(self.numeric)
+        # The kernel checks no index: hold its inputs to what keeps every slot inside the store.
+        if m and not (0 <= int(table.min()) and int(table.max()) < len(self.next_id)):
+            raise ValueError(f"table index out of range 0..{len(self.next_id) - 1}")
+        if m and not (0.0 <= float(u_row.min()) and float(u_row.max()) < 1.0):
+            raise ValueError("u_row must be uniforms in [0, 1)")
         delete = np.empty(m, dtype=bool)
         rid = np.empty(m, dtype=np.int64)
         values = np.empty((m, k))

@@ -1,25 +1,28 @@
-"""Compiled encoding and hashing of a run of updates: the part of the hot path Python cannot make cheap.
+"""Compiled table updates, encoding and hashing: the part of the hot path Python cannot make cheap.
 
 At full speed the simulator's loop thread is what limits it. Per message it used to spend about 0.4 us on
-``bytes %`` formatting and numpy glue, and 0.4 us on ``hashlib.sha256``, most of which is the call itself,
-not the hashing: OpenSSL 3 looks up the algorithm on every new hash object. ``encode_run`` does both in one
-numba-compiled call per run: it writes every message's JSON into one buffer, the same bytes as
-``sotw.wire.encode_update``, and hashes each with libcrypto's SHA-256. The libcrypto is the one this
-Python's own ``hashlib`` uses, found through its ``_hashlib`` module, so the digests are the ones ``hashlib``
-gives.
+``bytes %`` formatting and numpy glue, 0.25 us on the tables' numpy updates and 0.5 us on
+``hashlib.sha256``, most of which is the call itself, not the hashing. Here, compiled with numba:
 
-The kernel writes a float only when it can prove the text is the one ``orjson`` (and so ``encode_row``)
+- ``update_run`` applies a block's updates to the tables, one message after the other;
+- ``RunEncoder`` writes every message of a run into one buffer, the same bytes as
+  ``sotw.wire.encode_update``;
+- ``Digests`` hashes a run's values with libcrypto's SHA-256 when the ledger's writer thread asks, letting go
+  of the GIL meanwhile. The libcrypto is the one this Python's ``hashlib`` uses, found through its
+  ``_hashlib`` module, so the digests are the ones ``hashlib`` gives.
+
+The encoder writes a float only when it can prove the text is the one ``orjson`` (and so ``encode_row``)
 writes: a value that is exactly the nearest double to a number of thousandths below 1e9 in magnitude, which
 is what ``simulator.model.milli`` makes. Anything else (a row that walked past 1e9) makes it decline, and
-the caller encodes that run in Python.
+the caller encodes that run in Python; so does a Python whose libcrypto cannot be found (``AVAILABLE``).
 
-Compiled code is cached beside this module (``__pycache__``) by numba, so only the first run on a machine
-pays the compilation (about 2 s); ``warm_up`` does it before a run's schedule starts.
+numba caches the compiled code beside this module (``__pycache__``) or, when that is not writable, in the
+user's cache folder; with neither, each process compiles it (1-2 s). ``RunEncoder.warm_up`` and
+``TableStore.warm_up`` do that before a run's schedule starts.
 """
 
 from __future__ import annotations
 
-import _hashlib
 import ctypes
 import hashlib
 import logging
@@ -44,22 +47,30 @@ _ID = 1  # the row's id
 _NUM = 2  # numeric column a of the row's values
 _STATUS = 3  # the row's status, as JSON
 
-_FLOAT_LIMIT = 10**12  # thousandths: |value| < 1e9, far inside orjson's plain notation (below 1e16)
-
 
 def _link() -> bool:
     """Make libc's memcpy and libcrypto's SHA256_* callable from compiled code; False if one is missing."""
-    # dlsym on _hashlib's handle also searches the libraries it was linked with: its libcrypto.
-    found = [(ctypes.CDLL(None), "memcpy")] + [
-        (ctypes.CDLL(_hashlib.__file__), name) for name in ("SHA256_Init", "SHA256_Update", "SHA256_Final")
-    ]
     try:
+        import _hashlib
+
+        # dlsym on _hashlib's handle also searches the libraries it was linked with: its libcrypto.
+        crypto = ctypes.CDLL(_hashlib.__file__)
+        found = [(ctypes.CDLL(None), "memcpy")]
+        found += [(crypto, name) for name in ("SHA256_Init", "SHA256_Update", "SHA256_Final")]
         for lib, name in found:
             binding.add_symbol(name, ctypes.cast(getattr(lib, name), ctypes.c_void_p).value)
-    except AttributeError as exc:  # pragma: no cover - OpenSSL 1.1 and 3.x export them
-        log.info("%s not found: the simulator encodes in Python", exc)
+    except (ImportError, AttributeError, OSError, TypeError) as exc:  # no OpenSSL, a built-in _hashlib...
+        log.info("libcrypto's SHA-256 not found (%s): the simulator encodes and hashes in Python", exc)
         return False
     return True
+
+
+def _jit(fn: Any) -> Any:
+    """``numba.njit(nogil=True)``, cached on disk when numba finds somewhere to write (see above)."""
+    try:
+        return njit(cache=True, nogil=True)(fn)
+    except RuntimeError:  # "cannot cache function ...: no locator available": a read-only install, no home
+        return njit(nogil=True)(fn)
 
 
 AVAILABLE = _link()
@@ -81,14 +92,14 @@ def _addr(typingctx: Any, arr: Any, off: Any) -> Any:
     return types.voidptr(arr, off), codegen
 
 
-@njit(cache=True, nogil=True)
+@_jit
 def _put(out: Any, pos: int, src: Any, start: int, n: int) -> int:
     # memcpy, not a loop over the bytes: the loop made the kernel's formatting cost 0.41 us a message, not 0.15.
     _memcpy(_addr(out, pos), _addr(src, start), n)
     return pos + n
 
 
-@njit(cache=True, nogil=True)
+@_jit
 def _put_int(out: Any, pos: int, v: int) -> int:
     if v < 0:
         out[pos] = 45  # '-'
@@ -105,7 +116,7 @@ def _put_int(out: Any, pos: int, v: int) -> int:
     return pos + n
 
 
-@njit(cache=True, nogil=True)
+@_jit
 def _put_milli(out: Any, pos: int, x: float) -> int:
     """Write ``x`` as orjson does, or return -1 if it is not a whole number of thousandths below 1e9."""
     if not (-1e9 < x < 1e9):
@@ -133,7 +144,7 @@ def _put_milli(out: Any, pos: int, x: float) -> int:
     return pos
 
 
-@njit(cache=True, nogil=True)
+@_jit
 def _encode_run(
     heads: Any,
     head_at: Any,
@@ -198,7 +209,7 @@ def _encode_run(
     return pos
 
 
-@njit(cache=True, nogil=True)
+@_jit
 def _hash_values(text: Any, bounds: Any, digests: Any, ctx: Any) -> None:
     """SHA-256 of each value in ``text``: value ``i`` is ``text[bounds[i]:bounds[i + 1] - 1]`` (a newline ends it)."""
     c = _addr(ctx, 0)
@@ -208,7 +219,7 @@ def _hash_values(text: Any, bounds: Any, digests: Any, ctx: Any) -> None:
         _sha_final(_addr(digests, 32 * i), c)
 
 
-@njit(cache=True, nogil=True)
+@_jit
 def update_run(
     table: Any,
     u_op: Any,
@@ -402,8 +413,9 @@ class RunEncoder:
             bounds,
             longest,
         )
-        if n == -2:
-            raise AssertionError(f"encode buffer of {len(self._out):,} bytes too small for {m} messages")
+        if n == -2:  # the bound above is wrong: say so, and let Python encode the run
+            log.warning("compiled encoder: %d messages may not fit %d bytes; encoding in Python", m, size)
+            return None
         if n < 0:
             return None
         text = self._out[:n].tobytes()

@@ -75,3 +75,22 @@ def test_digests_of_values_are_their_sha256_compiled_or_not(monkeypatch, compile
     assert len(digests) == 4 and len(digests[2:]) == 2 and len(digests[3:1]) == 0
     assert digests.resolve() == b"".join(hashlib.sha256(v).digest() for v in values)
     assert digests[1:3].resolve() == b"".join(hashlib.sha256(v).digest() for v in values[1:3])
+
+
+def test_a_kernel_numba_cannot_cache_is_compiled_in_the_process_instead():
+    # A function without a source file has nowhere to be cached, as in a read-only install without a home.
+    scope: dict[str, object] = {}
+    exec("def double(x):\n    return 2 * x\n", scope)
+    assert native._jit(scope["double"])(21) == 42
+
+
+def test_table_updates_refuse_inputs_that_would_leave_the_store():
+    store = TableStore(10, 2, 0.1, 0.1)
+    store.add_table(np.random.default_rng(0))
+    ok = np.array([0.5])
+    with pytest.raises(ValueError, match="table index"):
+        store.update_block(np.array([1]), ok, ok, ok)
+    with pytest.raises(ValueError, match="u_row"):
+        store.update_block(np.array([0]), ok, np.array([1.0]), ok)
+    with pytest.raises(ValueError, match="u_row"):
+        store.update_block(np.array([0]), ok, np.array([float("nan")]), ok)
