@@ -13,8 +13,7 @@ import hashlib
 import numpy as np
 
 from simulator.faults import decide
-from simulator.model import KINDS, STATUSES, SensorTable, TableStore
-from simulator.native import RunEncoder
+from simulator.model import SensorTable, TableStore
 from sotw import wire
 
 N = 10_000
@@ -36,7 +35,7 @@ def make_block(seed=0):
     store = TableStore(200, 4, 0.05, 0.05)
     for _ in range(SENSORS):
         store.add_table(rng)
-    encoder = RunEncoder([store.row_pieces(k) for k in range(KINDS)], store.holes, store.numeric, STATUSES)
+    encoder = store.encoder()
     encoder.warm_up()
     prefixes = [wire.update_prefix(f"{k:04d}", f"{k:04d}-0123456789ab-00001") for k in range(SENSORS)]
     table = rng.integers(0, SENSORS, BLOCK)

@@ -301,6 +301,12 @@ class TableStore:
         )
         return BlockUpdate(delete, rid, values, status, self)
 
+    def encoder(self) -> native.RunEncoder:
+        """The compiled encoder of these tables' updates (their row kinds, holes and statuses)."""
+        return native.RunEncoder(
+            [self.row_pieces(k) for k in range(KINDS)], self.holes, self.numeric, STATUSES
+        )
+
     def warm_up(self) -> None:
         """Compile the update kernel, or load it from numba's cache, now rather than in a run's schedule."""
         none = np.zeros(0)

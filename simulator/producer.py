@@ -48,8 +48,8 @@ from simulator.faults import (
 )
 from simulator.fleet import Fleet, Sensor, Session
 from simulator.ledger import END, KIND_NAMES, SNAPSHOT, UPDATE, Ledger
-from simulator.model import KINDS, STATUSES, BlockUpdate, TableStore, stable_order
-from simulator.native import Digests, RunEncoder
+from simulator.model import STATUSES, BlockUpdate, TableStore, stable_order
+from simulator.native import Digests
 from simulator.truth import Truth
 from sotw import wire
 from sotw.broker import wait_for_kafka
@@ -367,9 +367,7 @@ class Simulator:
             fleet.join(0)
         ensure_topics(self.kafka, {s.topic: cfg.partitions for s in fleet.active})
         store = fleet.tables
-        self._encoder = RunEncoder(
-            [store.row_pieces(k) for k in range(KINDS)], store.holes, store.numeric, STATUSES
-        )
+        self._encoder = store.encoder()
         self._encoder.warm_up()
         store.warm_up()
         # The schedule starts only now, so building the fleet, creating topics and loading the compiled kernels
@@ -668,9 +666,8 @@ class Simulator:
 
         The tables apply the whole run at once (``TableStore.update_block``); the values and their digests are
         then made in one compiled call (``simulator.native``), or in Python (``_encode_run``) when it declines.
-        Sending walks the run:
-        stretches of fault-free messages go through ``_produce_stretch``; a message with a fault, and held-back
-        messages falling due, take the per-message path in between, in schedule order.
+        Sending walks the run: stretches of fault-free messages go through ``_produce_stretch``; a message with
+        a fault, and held-back messages falling due, take the per-message path in between, in schedule order.
         """
         ledger, fleet = self._ledger, self._fleet
         assert ledger is not None and fleet is not None

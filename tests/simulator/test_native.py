@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from simulator import native
-from simulator.model import KINDS, STATUSES, TableStore, milli
+from simulator.model import TableStore, milli
 from simulator.native import Digests, RunEncoder
 from sotw import wire
 
@@ -12,7 +12,7 @@ SESSIONS = [("0007", "0007-run%1-00001"), ('s"é\\', "sé-00002"), ("x" * 40, "x
 
 
 def _encoder(store: TableStore) -> RunEncoder:
-    return RunEncoder([store.row_pieces(k) for k in range(KINDS)], store.holes, store.numeric, STATUSES)
+    return store.encoder()
 
 
 @pytest.mark.parametrize("columns", [1, 4, 7])
