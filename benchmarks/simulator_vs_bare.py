@@ -5,17 +5,19 @@ Usage::
     .venv/bin/python benchmarks/simulator_vs_bare.py [--messages 600000] [--repeats 2] [--bootstrap HOST:PORT]
                                                     [--json runs/bench-simulator.json]
 
-Four sides run in every round: the bare loop (no encoding, no ledger, no delivery callback), the bare loop
+Five sides run in every round: the bare loop (no encoding, no ledger, no delivery callback), the bare loop
 with a delivery callback that keeps each offset, the same plus the SHA-256 of every value (the per-message
-work the ledger's ``offset`` and ``value_sha256`` columns demand of any producer, and nothing else), and the
-simulator. All use the simulator's producer settings (idempotent, acks=all, same batching), the same topics'
-shape (sensors x partitions) and payloads of the same size (the bare loops send a real update value of the
-median size, over and over; they test for the hash with one branch per message). The simulator runs
+work the ledger's ``offset`` and ``value_sha256`` columns demand of any producer, and nothing else), a bare
+loop through the simulator's own producer (``simulator.rdkafka.DirectProducer``: librdkafka called from
+compiled code, delivery reports taken as arrays, no encoding, no ledger), and the simulator. The first three
+use confluent-kafka's ``Producer``. All use the simulator's producer settings (idempotent, acks=all, same
+batching), the same topics' shape (sensors x partitions) and payloads of the same size (the bare loops send
+a real update value of the median size, over and over; they test for the hash with one branch per message). The simulator runs
 unthrottled (rate 0) with faults off and sessions long enough that almost every message is an update. All
 rates are measured the same way: from the first message to the last acknowledgement (a bare loop: until
 ``flush`` returns; the simulator: until the latest ``acked_ts`` in its ledger), not the set-up before the
 first message. The simulator's rate including the writing of its ledger and truth after the last
-acknowledgement is reported beside it. Rounds repeat (bare, bare+dr, bare+dr+sha, simulator, bare, ...) so
+acknowledgement is reported beside it. Rounds repeat (bare, bare+dr, bare+dr+sha, bare direct, simulator, bare, ...) so
 a neighbour's load hits every side alike; the best of each is compared, and the medians are printed beside.
 Every side writes to topics of its own, deleted after it, so each starts on a broker holding no records.
 """
@@ -44,6 +46,7 @@ from confluent_kafka.admin import AdminClient
 
 from simulator import DEFAULT_PRODUCER, Simulator, SimulatorConfig
 from simulator.model import SensorTable
+from simulator.rdkafka import QUEUE_FULL, DirectProducer
 from sotw import wire
 from sotw.broker import EmbeddedBroker
 from sotw.kafka import KafkaConfig, ensure_topics
@@ -69,6 +72,22 @@ def drop_topics(kafka: KafkaConfig, topics: list[str]) -> None:
     admin = AdminClient(kafka.client())
     for future in admin.delete_topics(topics, operation_timeout=30).values():
         future.result()
+
+
+def started() -> tuple[float, float, float]:
+    """Wall clock, process CPU and this thread's CPU, now: ``costs`` takes it."""
+    return time.perf_counter(), time.process_time(), time.thread_time()
+
+
+def costs(n: int, since: tuple[float, float, float]) -> dict:
+    """Rate and CPU per message of a loop that sent ``n`` messages since ``since`` (from ``started``)."""
+    elapsed = time.perf_counter() - since[0]
+    return {
+        "rate": n / elapsed,
+        "cpu_us_per_msg": (time.process_time() - since[1]) / n * 1e6,
+        "main_thread_us_per_msg": (time.thread_time() - since[2]) / n * 1e6,
+        "elapsed_s": elapsed,
+    }
 
 
 def sample_payloads(sensors: int, rows: int) -> list[bytes]:
@@ -117,9 +136,7 @@ def bare(
     keep_digest, sha256 = kept.append, hashlib.sha256
     keys = [f"{t}-key".encode() for t in topics]
     slots = [(topics[i % len(topics)], keys[i % len(topics)], i % partitions) for i in range(4096)]
-    t0 = time.perf_counter()
-    c0 = time.process_time()
-    m0 = time.thread_time()
+    since = started()
     for i in range(n):
         topic, key, part = slots[i & 4095]
         if digests:
@@ -137,17 +154,70 @@ def bare(
         if not i & 1023:
             poll(0)
     left = producer.flush(60)
-    elapsed = time.perf_counter() - t0
-    cpu = time.process_time() - c0
-    main = time.thread_time() - m0
+    out = costs(n, since)
     if left:
         raise SystemExit(f"bare loop: {left} messages not acknowledged")
-    return {
-        "rate": n / elapsed,
-        "cpu_us_per_msg": cpu / n * 1e6,
-        "main_thread_us_per_msg": main / n * 1e6,
-        "elapsed_s": elapsed,
-    }
+    return out
+
+
+def bare_direct(kafka: KafkaConfig, topics: list[str], partitions: int, payload: bytes, n: int) -> dict:
+    """A plain produce loop through the simulator's producer: slices of 256 from one buffer, reports taken.
+
+    The same client path as the simulator's loop (``DirectProducer.produce_run``, a ``poll`` and a ``take``
+    per slice) with nothing else: no planning, no encoding, no ledger. The offsets are kept, as ``bare`` with
+    ``reports`` keeps them.
+    """
+    producer = DirectProducer(
+        kafka.client(**{k: v for k, v in DEFAULT_PRODUCER.items() if k not in kafka.settings})
+    )
+    block = 4096
+    handles = np.array([producer.topic(t) for t in topics], dtype=np.int64)
+    keys_list = [f"{t}-key".encode() for t in topics]
+    keys = np.frombuffer(b"".join(keys_list), dtype=np.uint8).copy()
+    key_at = np.zeros(len(topics) + 1, dtype=np.int64)
+    key_at[1:] = np.cumsum([len(k) for k in keys_list])
+    kidx = np.arange(block, dtype=np.int64) % len(topics)
+    text = np.frombuffer((payload + b"\n") * block, dtype=np.uint8).copy()
+    bounds = np.arange(0, len(text) + 1, len(payload) + 1, dtype=np.int64)
+    arrays = [
+        handles[kidx],
+        (np.arange(block) % partitions).astype(np.int32),
+        text,
+        bounds,
+        keys,
+        key_at,
+        kidx,
+    ]
+    stamps = np.zeros(block)  # when each message was queued: the simulator's sent_ts; unused here
+    reports: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # rows, offsets, error codes
+    keep = reports.append
+    since = started()
+    sent = 0
+    while sent < n:
+        m = min(block, n - sent)
+        rows = np.arange(sent, sent + block, dtype=np.int64)
+        i = 0
+        while i < m:
+            j = min(m, i + 256)
+            while i < j:
+                i, err = producer.produce_run([*arrays, rows, stamps], i, j)
+                if err and err != QUEUE_FULL:
+                    raise SystemExit(f"bare direct loop: error {err}")
+                if err:
+                    producer.poll(0.01)
+                    keep(producer.take())
+            producer.poll(0)
+            keep(producer.take())
+        sent += m
+    while producer.flush(1.0):
+        keep(producer.take())
+    keep(producer.take())
+    out = costs(n, since)
+    producer.close()
+    acknowledged = sum(int(np.count_nonzero(codes == 0)) for _, _, codes in reports)
+    if acknowledged != n:
+        raise SystemExit(f"bare direct loop: {n - acknowledged} messages not acknowledged")
+    return out
 
 
 def simulator(kafka: KafkaConfig, prefix: str, sensors: int, partitions: int, rows: int, n: int) -> dict:
@@ -217,7 +287,13 @@ def main(argv: list[str] | None = None) -> int:
     payload = payloads[[len(p) for p in payloads].index(sizes[len(sizes) // 2])]
 
     def go(kafka: KafkaConfig, broker_pid: int | None = None) -> dict:
-        results: dict[str, list] = {"bare": [], "bare_reports": [], "bare_ledger": [], "simulator": []}
+        results: dict[str, list] = {
+            "bare": [],
+            "bare_reports": [],
+            "bare_ledger": [],
+            "bare_direct": [],
+            "simulator": [],
+        }
 
         def timed(side: str, fn: Any, *fargs: Any, **kw: Any) -> dict:
             """Run one side and add the broker's CPU per message during it (embedded broker only)."""
@@ -234,16 +310,17 @@ def main(argv: list[str] | None = None) -> int:
             prefix = f"bench{uuid.uuid4().hex[:6]}-sensor-"
             return prefix, [f"{prefix}{k:04d}" for k in range(args.sensors)]
 
-        bares = [
-            ("bare", "bare     ", {}),
-            ("bare_reports", "bare+dr  ", {"reports": True}),
-            ("bare_ledger", "bare+dr+sha", {"reports": True, "digests": True}),
+        bares: list[tuple[str, str, Any, dict]] = [
+            ("bare", "bare     ", bare, {}),
+            ("bare_reports", "bare+dr  ", bare, {"reports": True}),
+            ("bare_ledger", "bare+dr+sha", bare, {"reports": True, "digests": True}),
+            ("bare_direct", "bare direct", bare_direct, {}),
         ]
         for r in range(args.repeats):
-            for side, label, options in bares:
+            for side, label, loop, options in bares:
                 _, topics = fresh_topics()
                 ensure_topics(kafka, dict.fromkeys(topics, args.partitions))
-                b = timed(side, bare, kafka, topics, args.partitions, payload, args.messages, **options)
+                b = timed(side, loop, kafka, topics, args.partitions, payload, args.messages, **options)
                 drop_topics(kafka, topics)
                 print(
                     f"  run {r + 1}: {label} {b['rate']:12,.0f} msg/s  {b['cpu_us_per_msg']:6.2f} CPU us/msg "
@@ -288,13 +365,18 @@ def main(argv: list[str] | None = None) -> int:
     best_led = max(b["rate"] for b in results["bare_ledger"])
     med_led = statistics.median(b["rate"] for b in results["bare_ledger"])
     print(f"{'  + SHA-256 per value':24}{best_led:14,.0f}{med_led:14,.0f}")
+    best_direct = max(b["rate"] for b in results["bare_direct"])
+    med_direct = statistics.median(b["rate"] for b in results["bare_direct"])
+    print(f"{'bare direct (sim client)':24}{best_direct:14,.0f}{med_direct:14,.0f}")
     med_sim = statistics.median(s["updates_per_s"] for s in results["simulator"])
     print(f"{'simulator (updates)':24}{best_sim:14,.0f}{med_sim:14,.0f}")
     best_whole = max(s["updates_per_s_with_records"] for s in results["simulator"])
     med_whole = statistics.median(s["updates_per_s_with_records"] for s in results["simulator"])
     print(f"{'  incl. ledger written':24}{best_whole:14,.0f}{med_whole:14,.0f}")
     print(f"{'ratio simulator / bare':24}{ratio:14.2f}")
+    print(f"{'ratio of medians':24}{med_sim / med_bare:14.2f}")
     print(f"{'ratio sim / bare+dr':24}{best_sim / best_dr:14.2f}")
+    print(f"{'ratio sim / bare direct':24}{best_sim / best_direct:14.2f}")
     print(f"{'ratio bare+dr+sha / bare':24}{best_led / best_bare:14.2f}")
     # What the loop's own thread costs per message: the rate each side could reach with a core to itself
     # (an upper bound; the broker and librdkafka's threads need the other core).
@@ -320,6 +402,10 @@ def main(argv: list[str] | None = None) -> int:
         "bare_with_delivery_reports_and_sha256": results["bare_ledger"],
         "best_bare_with_delivery_reports_and_sha256": best_led,
         "ratio_bare_with_delivery_reports_and_sha256": best_led / best_bare,
+        "bare_direct": results["bare_direct"],
+        "best_bare_direct": best_direct,
+        "ratio_to_bare_direct": best_sim / best_direct,
+        "ratio_of_medians": med_sim / med_bare,
         "simulator": results["simulator"],
         "best_bare": best_bare,
         "best_simulator_updates_per_s": best_sim,

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from sotw.errors import SotwError
+from sotw.kafka import setting_text
 
 
 class SimulatorError(SotwError):
@@ -284,8 +285,7 @@ class SimulatorConfig:
             }
         if "producer" in values:
             values["producer"] = {
-                str(k): str(v).lower() if isinstance(v, bool) else str(v)
-                for k, v in _table(values["producer"], f"{where}.producer").items()
+                str(k): setting_text(v) for k, v in _table(values["producer"], f"{where}.producer").items()
             }
         try:
             return cls(**values)

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import zlib
-from collections import deque
-from typing import Any
 
 import numpy as np
 from faker import Faker
@@ -21,7 +19,7 @@ from sotw import wire
 
 
 class Session:
-    """One capture session of one sensor: key, partition, the last planned seq and in-flight rows."""
+    """One capture session of one sensor: key, partition, the last planned seq and its message templates."""
 
     __slots__ = (
         "code",
@@ -32,8 +30,6 @@ class Session:
         "seq",
         "hi",
         "closed",
-        "fifo",
-        "on_delivery",
         "templates",
         "heads",
         "prefix",
@@ -47,8 +43,6 @@ class Session:
         sid: str,
         topic: str,
         partition: int,
-        fifo: deque[int],
-        cb: Any,
         started_ms: int,
     ) -> None:
         self.code = code
@@ -59,8 +53,6 @@ class Session:
         self.seq = -1  # last seq planned
         self.hi = -1  # highest seq sent in order (delayed messages wait until a later one went out)
         self.closed = False
-        self.fifo = fifo
-        self.on_delivery = cb
         self.templates = wire.update_templates(sensor, sid)
         # The templates up to the row, by op (upsert, delete): the block encoder appends each row's own.
         self.heads = tuple(self.templates[op].removesuffix(b"%b}") for op in wire.OPS)
@@ -178,8 +170,8 @@ class Fleet:
         sensor.sessions += 1
         sid = f"{sensor.id}-{self.token}-{sensor.sessions:05d}"
         partition = partition_for(sid.encode("utf-8"), self.config.partitions)
-        code, fifo, cb = self.ledger.add_session(sid, sensor.id, sensor.topic, partition)
-        session = Session(code, sensor.id, sid, sensor.topic, partition, fifo, cb, start_ms)
+        code = self.ledger.add_session(sid, sensor.id, sensor.topic, partition)
+        session = Session(code, sensor.id, sid, sensor.topic, partition, start_ms)
         interval = self.config.session_interval_s * 1000.0
         # First sessions get a random phase so the fleet does not restart all at once.
         length = interval * (self.rng.uniform(0.1, 1.0) if first else self.rng.uniform(0.8, 1.2))

@@ -3,12 +3,10 @@
 ``LEDGER_SCHEMA`` is the one definition of the ledger's columns. The hot path adds rows a block at a time as
 typed arrays (``add_block``); rows added one at a time off it are tuples, turned into columns in order. A chunk
 is sealed twice a second and written as one Parquet row group once every message in it has its delivery
-report, so memory stays bounded by what is in flight. Delivery reports arrive per session in the order the messages were
-produced (one session = one key = one partition, and the producer is idempotent), so each session keeps a
-FIFO of its ledger row numbers and the report pops the oldest. A report appends two ints to a log (row number,
-offset) and nothing else; the log is scattered into the sealed chunks' columns with numpy. Acknowledgement
-times are not read per report: the loop calls ``mark`` with the clock after each ``poll``, and every report
-served by that poll gets that time (see ``mark``).
+report, so memory stays bounded by what is in flight and by ``WRITE_BACKLOG`` chunks waiting to be written.
+Every message is produced with its ledger row number, and its delivery report gives it back
+(``simulator.rdkafka``): the loop hands the reports of each ``poll`` to ``acknowledge`` as arrays, dated by
+the clock read after that poll, and they are scattered into the sealed chunks' columns with numpy.
 """
 
 from __future__ import annotations
@@ -17,12 +15,9 @@ import binascii
 import logging
 import queue
 import threading
-import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -31,7 +26,7 @@ import pyarrow.parquet as pq
 
 from simulator.config import SimulatorError
 from simulator.faults import DELAYED, DUPLICATE, FAULT_NAMES
-from simulator.native import Digests
+from simulator.native import Values
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +50,7 @@ LEDGER_SCHEMA = pa.schema(
         ),  # epoch ms, the schedule; equals the message's ts
         pa.field("sent_ts", pa.int64()),  # epoch ms when handed to the producer; null if never sent
         pa.field("partition", pa.int32()),  # null if never sent
-        pa.field("offset", pa.int64()),  # from the delivery report; null if not delivered
+        pa.field("offset", pa.int64()),  # from the delivery report; null if not delivered or not reported
         pa.field("delivered", pa.bool_(), nullable=False),
         pa.field("error", pa.string()),  # delivery error text, if any
         pa.field("value_sha256", pa.string()),  # hex SHA-256 of the bytes sent; null if never sent
@@ -82,6 +77,10 @@ _CHUNK_DTYPE = np.dtype(
     ]
 )
 NOT_ACKNOWLEDGED = "not acknowledged before exit"
+# A sealed chunk's ``acked`` column: epoch ms of the delivery report, or one of these.
+_WAITING, _FAILED = -1, -2
+#: Sealed chunks that may wait for the writer thread, besides the one it is writing.
+WRITE_BACKLOG = 2
 
 
 class LatenessHistogram:
@@ -117,15 +116,10 @@ class Ledger:
         ``<run_dir>/ledger``; files are ``part-00000.parquet``, ``part-00001.parquet``...
     rows_per_file
         Start a new file after this many rows.
-    clock
-        The run's clock (epoch seconds), used to date delivery reports that no ``mark`` dated yet.
     """
 
-    def __init__(
-        self, directory: Path, rows_per_file: int = 2_000_000, clock: Callable[[], float] = time.time
-    ) -> None:
+    def __init__(self, directory: Path, rows_per_file: int = 2_000_000) -> None:
         self.directory = directory
-        self.clock = clock
         directory.mkdir(parents=True, exist_ok=True)
         self.rows_per_file = rows_per_file
         # Session code -> names; the hot path stores only the code.
@@ -133,25 +127,26 @@ class Ledger:
         self.session_sensor: list[str] = []
         self.session_topic: list[str] = []
         self.session_partition: list[int] = []
-        self.fifos: list[deque[int]] = []
-        # Delivery report log since the last drain: acknowledged row numbers and their offsets; and the marks
-        # (log length, clock) taken after each poll, which date the reports.
-        self._ack_rows: list[int] = []
-        self._ack_offsets: list[int] = []
-        self._mark_n: list[int] = []
-        self._mark_t: list[float] = []
+        # Delivery reports since the last drain: (rows, offsets, acknowledgement epoch ms) of delivered
+        # messages; failed ones go to ``errors`` at once.
+        self._acks: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         self.errors: dict[int, str] = {}
         self.failed = 0
+        self.sent = 0  # rows sent (handed to the producer)
+        self.reported = 0  # of those, rows with a delivery report
         self.base = 0  # ledger row number of the first row in the open chunk
         self.lateness = LatenessHistogram()
         self.rows_written = 0
-        # Sealed chunks waiting for their reports: (base, rows, digests, offsets, acked epoch ms), -1 = none yet.
-        self._sealed: list[tuple[int, np.ndarray, list[bytearray | Digests], np.ndarray, np.ndarray]] = []
+        # Sealed chunks waiting for their reports: (base, rows, digests to be, offsets, acked: epoch ms or
+        # ``_WAITING``/``_FAILED``).
+        self._sealed: list[tuple[int, np.ndarray, list[bytearray | Values], np.ndarray, np.ndarray]] = []
         self._writer: pq.ParquetWriter | None = None
         self._file_rows = 0
         self._files = 0
         self._failure: Exception | None = None
-        self._queue: queue.SimpleQueue[_Work | None] = queue.SimpleQueue()
+        # Bounded: when writing falls behind publishing (the simulator at full speed on two cores), the loop
+        # waits here rather than holding ever more chunks (about 250 bytes a row, with its value's text).
+        self._queue: queue.Queue[_Work | None] = queue.Queue(maxsize=WRITE_BACKLOG)
         self._thread = threading.Thread(target=self._write_files, name="sotw-ledger-writer", daemon=True)
         self._thread.start()
         self._new_chunk()
@@ -165,9 +160,9 @@ class Ledger:
         self._pieces: list[np.ndarray] = []
         self._piece_rows = 0
         # The digests of the open chunk's rows, in row order: a block's are computed later, on the writer
-        # thread (``Digests``); rows added one at a time put their raw digest (zeros for a row never sent) in
+        # thread (``Values``); rows added one at a time put their raw digest (zeros for a row never sent) in
         # a buffer, so that 300,000 small bytes objects a second do not live until the chunk is written.
-        self._digests: list[bytearray | Digests] = []
+        self._digests: list[bytearray | Values] = []
         self._ready = bytearray()
         self._digest_rows = 0
 
@@ -185,15 +180,16 @@ class Ledger:
         fault: int,
         intended_ms: np.ndarray,
         sent_s: np.ndarray,
-        digests: Digests,
+        values: Values,
     ) -> int:
         """Append a block of sent rows at once (the hot path); returns the first one's row number.
 
-        The arrays have one entry per row; ``digests`` are the SHA-256 digests of their values, in order.
+        The arrays have one entry per row; ``values`` are what was sent, in order (their SHA-256 digests are
+        computed on the writer thread).
         """
         n = len(seq)
-        if len(digests) != n:
-            raise SimulatorError(f"ledger block has {n} rows but {len(digests)} digests")
+        if len(values) != n:
+            raise SimulatorError(f"ledger block has {n} rows but {len(values)} values")
         self._flush_rows()
         index = self.next_index
         piece = np.empty(n, dtype=_CHUNK_DTYPE)
@@ -205,10 +201,11 @@ class Ledger:
         piece["sent"] = sent_s
         self._pieces.append(piece)
         self._piece_rows += n
+        self.sent += int(np.count_nonzero(sent_s >= 0))
         if self._ready:
             self._digests.append(self._ready)
             self._ready = bytearray()
-        self._digests.append(digests)
+        self._digests.append(values)
         self._digest_rows += n
         return index
 
@@ -222,41 +219,42 @@ class Ledger:
         """Ledger row number the next appended row gets."""
         return self.base + self._piece_rows + len(self.rows)
 
-    def add_session(
-        self, session: str, sensor: str, topic: str, partition: int
-    ) -> tuple[int, deque[int], Callable[[Any, Any], None]]:
-        """Register a session; return its code, its FIFO of in-flight rows and its delivery callback."""
+    def add_session(self, session: str, sensor: str, topic: str, partition: int) -> int:
+        """Register a session; return its code."""
         code = len(self.session_names)
         self.session_names.append(session)
         self.session_sensor.append(sensor)
         self.session_topic.append(topic)
         self.session_partition.append(partition)
-        fifo: deque[int] = deque()
-        self.fifos.append(fifo)
-        popleft = fifo.popleft
-        ack_row, ack_offset = self._ack_rows.append, self._ack_offsets.append
-        errors = self.errors
+        return code
 
-        # Called by confluent-kafka for every message, so it does the least it can: two appends.
-        def on_delivery(err: Any, msg: Any) -> None:
-            if err is None:
-                ack_row(popleft())
-                ack_offset(msg.offset())
-            else:
-                errors[popleft()] = err.str()
-                self.failed += 1
+    def acknowledge(
+        self,
+        rows: np.ndarray,
+        offsets: np.ndarray,
+        errors: np.ndarray,
+        now_s: float,
+        describe: Callable[[int], str],
+    ) -> None:
+        """Record delivery reports served by one ``poll``: each row's offset, or its error code (0: none).
 
-        return code, fifo, on_delivery
-
-    def mark(self, now_s: float) -> None:
-        """Date the delivery reports served so far: call it with the clock right after each ``poll``/``flush``.
-
-        A report's ``acked_ts`` is the first mark taken after it was served, so it is the time the report
-        reached the simulator, late by at most the time between the poll's return and the mark (the reports'
-        callbacks). Reports not yet marked when the ledger drains them get the drain's clock.
+        ``now_s`` is the clock read right after the poll: the time the reports reached the simulator, late
+        by at most the poll's own work. ``describe`` gives an error code's text.
         """
-        self._mark_n.append(len(self._ack_rows))
-        self._mark_t.append(now_s)
+        if errors.any():
+            bad = errors != 0
+            failed = rows[bad]
+            for row, code in zip(failed.tolist(), errors[bad].tolist(), strict=True):
+                self.errors[row] = describe(code)
+            self._acks.append(
+                (failed, np.full(len(failed), -1, np.int64), np.full(len(failed), _FAILED, np.int64))
+            )
+            self.failed += len(failed)
+            self.reported += len(failed)
+            rows, offsets = rows[~bad], offsets[~bad]
+        if len(rows):
+            self._acks.append((rows, offsets, np.full(len(rows), int(np.floor(now_s * 1000.0)), np.int64)))
+            self.reported += len(rows)
 
     def add_row(
         self,
@@ -271,13 +269,19 @@ class Ledger:
         """Append one row off the hot path; returns its row number."""
         index = self.next_index
         self.rows.append((session, seq, kind, fault, intended_ms, sent_s))
+        if sent_s >= 0:
+            self.sent += 1
         self._ready += _ZERO_DIGEST if digest is None else digest
         self._digest_rows += 1
         return index
 
     def outstanding(self) -> int:
-        """Messages produced and not yet reported on."""
-        return sum(len(f) for f in list(self.fifos))
+        """Messages produced and not yet reported on.
+
+        A report may come back before its row is added (a block's rows are added once it is produced), so
+        the difference can dip below zero for a moment: it is read as none.
+        """
+        return max(0, self.sent - self.reported)
 
     def seal(self) -> None:
         """Close the open chunk (it is written once all its rows have delivery reports)."""
@@ -293,25 +297,24 @@ class Ledger:
         if self._digest_rows != n:
             raise SimulatorError(f"ledger chunk has {n} rows but {self._digest_rows} digests")
         digests = [*self._digests, self._ready] if self._ready else self._digests
-        self._sealed.append((self.base, chunk, digests, np.full(n, -1, np.int64), np.full(n, -1, np.int64)))
+        self._sealed.append(
+            (self.base, chunk, digests, np.full(n, -1, np.int64), np.full(n, _WAITING, np.int64))
+        )
         self.base += n
         self._new_chunk()
 
-    def _drain(self, now_s: float) -> None:
-        """Move the delivery report log into the sealed chunks' offset and acknowledgement columns."""
-        if not self._ack_rows:
+    def _drain(self) -> None:
+        """Move the delivery reports into the sealed chunks' offset and acknowledgement columns.
+
+        A report's ``acked`` is its time, or ``_FAILED``: a chunk is ready when no sent row is ``_WAITING``.
+        Offsets are not the test: librdkafka reports some deliveries without one (-1001, e.g. an idempotent
+        producer's retry the broker had already written).
+        """
+        if not self._acks:
             return
-        rows = np.array(self._ack_rows, dtype=np.int64)
-        offsets = np.array(self._ack_offsets, dtype=np.int64)
-        marks_n = np.array(self._mark_n, dtype=np.int64)
-        marks_t = np.array(self._mark_t + [now_s], dtype=np.float64)
-        # Report k was served before the first mark whose log length exceeds k.
-        acked_s = marks_t[np.searchsorted(marks_n, np.arange(len(rows)), side="right")]
-        acked = np.floor(acked_s * 1000.0).astype(np.int64)
-        self._ack_rows.clear()
-        self._ack_offsets.clear()
-        self._mark_n.clear()
-        self._mark_t.clear()
+        acks = self._acks
+        rows, offsets, acked = (np.concatenate([a[k] for a in acks]) for k in range(3))
+        acks.clear()
         placed = np.zeros(len(rows), dtype=bool)
         for base, chunk, _, off, ack in self._sealed:
             inside = (rows >= base) & (rows < base + len(chunk))
@@ -319,36 +322,39 @@ class Ledger:
                 off[rows[inside] - base] = offsets[inside]
                 ack[rows[inside] - base] = acked[inside]
                 placed |= inside
-        if not placed.all():
-            # Reports of rows not sealed yet (only if a caller drains between seals): keep them for later,
-            # marked as served now.
-            keep = ~placed
-            self._ack_rows.extend(rows[keep].tolist())
-            self._ack_offsets.extend(offsets[keep].tolist())
-            self._mark_n.append(len(self._ack_rows))
-            self._mark_t.append(float(acked_s[keep].max()))
+        # Reports of rows not sealed yet (a block's reports can come back before its rows are added): kept for
+        # the next drain. Rows before those (never expected) have no chunk left to go to.
+        keep = ~placed & (rows >= self.base)
+        if keep.any():
+            acks.append((rows[keep], offsets[keep], acked[keep]))
+
+    @staticmethod
+    def _reported(chunk: np.ndarray, ack: np.ndarray) -> bool:
+        """Whether every sent row of a sealed chunk has its delivery report."""
+        return not np.count_nonzero((chunk["sent"] >= 0) & (ack == _WAITING))
 
     def write_ready(self, final: bool = False) -> None:
         """Write every sealed chunk whose rows all have delivery reports (all of them when ``final``)."""
         if not self._sealed:
             return
-        self._drain(self.clock())
-        oldest = self.next_index
-        if not final:
-            live = [f for f in self.fifos if f]
-            if live:
-                oldest = min(f[0] for f in live)
-        while self._sealed and (final or self._sealed[0][0] + len(self._sealed[0][1]) <= oldest):
-            base, chunk, digests, off, ack = self._sealed.pop(0)
+        self._drain()
+        while self._sealed and (final or self._reported(self._sealed[0][1], self._sealed[0][4])):
+            base, chunk, values, off, ack = self._sealed[0]
             n = len(chunk)
             errors: list[str | None] | None = None
-            if self.errors or final:
+            rows = [i for i in self.errors if base <= i < base + n]
+            if rows or final:
                 errors = [None] * n
-                for i in [i for i in self.errors if base <= i < base + n]:
-                    errors[i - base] = self.errors.pop(i)
+                for i in rows:
+                    errors[i - base] = self.errors[i]
+            # Arrow and Parquet work happens on the writer thread (much of it outside the GIL). ``put`` may
+            # wait for it (the queue is bounded): the chunk leaves ``_sealed`` only once queued, so a Ctrl-C
+            # while waiting loses nothing.
+            self._queue.put(_Work(chunk, values, off, ack, errors, final))
+            self._sealed.pop(0)
+            for i in rows:
+                del self.errors[i]
             self.rows_written += n
-            # Arrow and Parquet work happens on the writer thread (much of it outside the GIL).
-            self._queue.put(_Work(chunk, digests, off, ack, errors, final))
 
     def close(self) -> None:
         """Seal and write everything; rows still without a delivery report are marked not delivered."""
@@ -356,7 +362,6 @@ class Ledger:
         self.write_ready(final=True)
         self._queue.put(None)
         self._thread.join()
-        self.fifos = [f for f in self.fifos if f]
         if self._failure is not None:
             raise SimulatorError(f"could not write the ledger in {self.directory}: {self._failure}")
 
@@ -392,7 +397,7 @@ class Ledger:
         sess = pa.array(chunk["session"])
         sent = chunk["sent"]
         unsent = sent < 0
-        delivered = off >= 0
+        delivered = ack >= 0
         errors: pa.Array = pa.nulls(n, pa.string())
         if work.errors is not None:
             texts = work.errors
@@ -402,7 +407,7 @@ class Ledger:
                         texts[k] = NOT_ACKNOWLEDGED
             errors = pa.array(texts, type=pa.string())
         # Every sent row has a digest; unsent rows hold zeros, masked to null below.
-        hexed = binascii.hexlify(b"".join(d.resolve() if isinstance(d, Digests) else d for d in work.digests))
+        hexed = binascii.hexlify(b"".join(d.digests() if isinstance(d, Values) else d for d in work.digests))
         # A string array over the hex text as it is: every value is 64 characters, so its offsets are a range.
         offsets = pa.py_buffer(np.arange(0, 64 * n + 1, 64, dtype=np.int32))
         sha_text = pa.StringArray.from_buffers(n, offsets, pa.py_buffer(hexed))
@@ -422,7 +427,7 @@ class Ledger:
                 pa.array(chunk["intended"]),
                 pa.array(np.floor(sent * 1000.0).astype(np.int64), mask=unsent),
                 partition,
-                pa.array(off, mask=~delivered),
+                pa.array(off, mask=off < 0),  # null if not delivered, or delivered without one (see _drain)
                 pa.array(delivered),
                 errors,
                 sha_text,
@@ -438,7 +443,7 @@ class _Work:
     """One sealed chunk with its delivery results, on its way to the writer thread."""
 
     chunk: np.ndarray
-    digests: list[bytearray | Digests]
+    digests: list[bytearray | Values]
     offsets: np.ndarray
     acked: np.ndarray
     errors: list[str | None] | None

@@ -7,7 +7,7 @@ At full speed the simulator's loop thread is what limits it. Per message it used
 - ``update_run`` applies a block's updates to the tables, one message after the other;
 - ``RunEncoder`` writes every message of a run into one buffer, the same bytes as
   ``sotw.wire.encode_update``;
-- ``Digests`` hashes a run's values with libcrypto's SHA-256 when the ledger's writer thread asks, letting go
+- ``Values`` hashes a run's values with libcrypto's SHA-256 when the ledger's writer thread asks, letting go
   of the GIL meanwhile. The libcrypto is the one this Python's ``hashlib`` uses, found through its
   ``_hashlib`` module, so the digests are the ones ``hashlib`` gives.
 
@@ -65,7 +65,7 @@ def _link() -> bool:
     return True
 
 
-def _jit(fn: Any) -> Any:
+def jit(fn: Any) -> Any:
     """``numba.njit(nogil=True)``, cached on disk when numba finds somewhere to write (see above)."""
     try:
         return njit(cache=True, nogil=True)(fn)
@@ -82,7 +82,7 @@ _sha_final = types.ExternalFunction("SHA256_Final", types.int32(types.voidptr, t
 
 
 @intrinsic
-def _addr(typingctx: Any, arr: Any, off: Any) -> Any:
+def addr(typingctx: Any, arr: Any, off: Any) -> Any:
     """Pointer to item ``off`` of a 1-D contiguous array."""
 
     def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
@@ -92,14 +92,24 @@ def _addr(typingctx: Any, arr: Any, off: Any) -> Any:
     return types.voidptr(arr, off), codegen
 
 
-@_jit
+@intrinsic
+def ptr(typingctx: Any, value: Any) -> Any:
+    """An integer address as a ``void *``."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        return builder.inttoptr(args[0], cgutils.voidptr_t)
+
+    return types.voidptr(value), codegen
+
+
+@jit
 def _put(out: Any, pos: int, src: Any, start: int, n: int) -> int:
     # memcpy, not a loop over the bytes: the loop made the kernel's formatting cost 0.41 us a message, not 0.15.
-    _memcpy(_addr(out, pos), _addr(src, start), n)
+    _memcpy(addr(out, pos), addr(src, start), n)
     return pos + n
 
 
-@_jit
+@jit
 def _put_int(out: Any, pos: int, v: int) -> int:
     if v < 0:
         out[pos] = 45  # '-'
@@ -116,7 +126,7 @@ def _put_int(out: Any, pos: int, v: int) -> int:
     return pos + n
 
 
-@_jit
+@jit
 def _put_milli(out: Any, pos: int, x: float) -> int:
     """Write ``x`` as orjson does, or return -1 if it is not a whole number of thousandths below 1e9."""
     if not (-1e9 < x < 1e9):
@@ -144,7 +154,7 @@ def _put_milli(out: Any, pos: int, x: float) -> int:
     return pos
 
 
-@_jit
+@jit
 def _encode_run(
     heads: Any,
     head_at: Any,
@@ -209,17 +219,17 @@ def _encode_run(
     return pos
 
 
-@_jit
+@jit
 def _hash_values(text: Any, bounds: Any, digests: Any, ctx: Any) -> None:
     """SHA-256 of each value in ``text``: value ``i`` is ``text[bounds[i]:bounds[i + 1] - 1]`` (a newline ends it)."""
-    c = _addr(ctx, 0)
+    c = addr(ctx, 0)
     for i in range(len(bounds) - 1):
         _sha_init(c)
-        _sha_update(c, _addr(text, bounds[i]), bounds[i + 1] - 1 - bounds[i])
-        _sha_final(_addr(digests, 32 * i), c)
+        _sha_update(c, addr(text, bounds[i]), bounds[i + 1] - 1 - bounds[i])
+        _sha_final(addr(digests, 32 * i), c)
 
 
-@_jit
+@jit
 def update_run(
     table: Any,
     u_op: Any,
@@ -377,8 +387,8 @@ class RunEncoder:
         rid: np.ndarray,
         values: np.ndarray,
         status: np.ndarray,
-    ) -> tuple[list[bytes], Digests] | None:
-        """Each message's value and their digests to come, or None if Python must encode this run.
+    ) -> Values | None:
+        """The run's values, or None if Python must encode this run.
 
         ``prefixes`` are the run's sessions' ``sotw.wire.update_prefix``; ``sidx`` indexes them per message.
         """
@@ -418,64 +428,64 @@ class RunEncoder:
             return None
         if n < 0:
             return None
-        text = self._out[:n].tobytes()
-        texts = text.split(b"\n")
-        texts.pop()
-        return texts, Digests(text, bounds)
+        return Values(self._out[:n].copy(), bounds)
 
     def warm_up(self) -> bool:
         """Compile the kernels, or load them from numba's cache, now rather than in a run; True if they work."""
         one = np.zeros(1, dtype=np.int64)
         values = np.zeros((1, self._columns))
         done = self.encode([b"{"], one, one, one, np.ones(1, dtype=bool), one, values, one)
-        return done is not None and len(done[1].resolve()) == 32
+        return done is not None and len(done.digests()) == 32
 
 
-class Digests:
-    """The SHA-256 digests of newline-ended values in one text, computed when first asked for.
+class Values:
+    """A run's encoded values in one buffer, each followed by a newline; their SHA-256 digests when asked.
 
-    The simulator's loop hands these to the ledger instead of digests: the hashing (about 0.2 us a message)
-    then happens on the ledger's writer thread, in compiled code that lets go of the GIL, while the loop
-    goes on producing.
+    The producer sends the values straight from the buffer (``simulator.rdkafka``), and the loop hands
+    these to the ledger instead of digests: the hashing (about 0.2 us a message) then happens on the
+    ledger's writer thread, in compiled code that lets go of the GIL, while the loop goes on producing.
 
     Parameters
     ----------
     text
-        The values, each followed by a newline.
+        The values, each followed by a newline (a uint8 array, or bytes).
     bounds
         Where each value starts in ``text``, and where the last one's newline ends it: ``len(values) + 1``
         offsets.
     """
 
-    __slots__ = ("_bounds", "_text")
+    __slots__ = ("bounds", "text")
 
-    def __init__(self, text: bytes, bounds: np.ndarray) -> None:
-        self._text = text
-        self._bounds = bounds
+    def __init__(self, text: np.ndarray | bytes, bounds: np.ndarray) -> None:
+        # A writable array: the compiled code is then compiled (and cached) for one array type only.
+        self.text = text if isinstance(text, np.ndarray) else np.frombuffer(text, dtype=np.uint8).copy()
+        self.bounds = bounds
 
     @classmethod
-    def of(cls, values: Sequence[bytes]) -> Digests:
-        """The digests of these values (joined, with a newline after each)."""
+    def of(cls, values: Sequence[bytes]) -> Values:
+        """These values, in one buffer."""
         bounds = np.zeros(len(values) + 1, dtype=np.int64)
         bounds[1:] = np.cumsum([len(v) + 1 for v in values])
         return cls(b"".join(v + b"\n" for v in values), bounds)
 
     def __len__(self) -> int:
-        return len(self._bounds) - 1
+        return len(self.bounds) - 1
 
-    def __getitem__(self, part: slice) -> Digests:
-        """The digests of values ``part.start`` to ``part.stop`` (a slice without a step)."""
+    def __getitem__(self, part: slice) -> Values:
+        """Values ``part.start`` to ``part.stop`` (a slice without a step), sharing the buffer."""
         i, j, _ = part.indices(len(self))
-        return Digests(self._text, self._bounds[i : max(i, j) + 1])
+        return Values(self.text, self.bounds[i : max(i, j) + 1])
 
-    def resolve(self) -> bytes:
-        """The raw digests, 32 bytes each, in order."""
+    def value(self, i: int) -> bytes:
+        """Value ``i``, without its newline."""
+        return self.text[self.bounds[i] : self.bounds[i + 1] - 1].tobytes()
+
+    def digests(self) -> bytes:
+        """The raw SHA-256 digests of the values, 32 bytes each, in order."""
         digests = np.empty(32 * len(self), dtype=np.uint8)
         if AVAILABLE:
-            _hash_values(
-                np.frombuffer(self._text, dtype=np.uint8), self._bounds, digests, np.zeros(256, np.uint8)
-            )
+            _hash_values(self.text, self.bounds, digests, np.zeros(256, np.uint8))
             return digests.tobytes()
-        text, bounds = self._text, self._bounds.tolist()
+        text, bounds = self.text.tobytes(), self.bounds.tolist()
         sha256 = hashlib.sha256
         return b"".join([sha256(text[a : b - 1]).digest() for a, b in zip(bounds, bounds[1:], strict=False)])

@@ -4,8 +4,8 @@
 open-loop: every message has an intended send time from the schedule, the loop waits for it when ahead and
 never skips when behind, and lateness (sent minus intended) is measured, so a slow broker shows up as
 lateness rather than as a lower rate nobody asked for (coordinated omission). Per-message Python work is kept
-to one table update, one encode, one hash, one ``produce`` and a few list appends; everything else is done
-per block or off the hot path.
+to its share of a few compiled calls per run (table updates, encoding, producing: ``simulator.native``,
+``simulator.rdkafka``); everything else is done per block or off the hot path.
 """
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ from __future__ import annotations
 import bisect
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import heapq
 import itertools
 import json
 import logging
 import math
-import operator
 import platform
 import threading
 import time
@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from confluent_kafka import KafkaException, Producer
 
 from simulator.config import DEFAULT_PRODUCER, FAULT_KINDS, FaultConfig, SimulatorConfig, SimulatorError
 from simulator.faults import (
@@ -49,7 +48,8 @@ from simulator.faults import (
 from simulator.fleet import Fleet, Sensor, Session
 from simulator.ledger import END, KIND_NAMES, SNAPSHOT, UPDATE, Ledger
 from simulator.model import STATUSES, BlockUpdate, TableStore, stable_order
-from simulator.native import Digests
+from simulator.native import Values
+from simulator.rdkafka import MSG_SIZE_TOO_LARGE, QUEUE_FULL, DirectProducer, error_text
 from simulator.truth import Truth
 from sotw import wire
 from sotw.broker import wait_for_kafka
@@ -58,7 +58,7 @@ from sotw.kafka import KafkaConfig, ensure_topics
 log = logging.getLogger(__name__)
 
 #: Stands in for the session of a sensor between sessions when the fast path builds per-sensor arrays.
-_NO_SESSION = Session(-1, "", "-", "", -1, deque(), None, 0)
+_NO_SESSION = Session(-1, "", "-", "", -1, 0)
 #: Each status's JSON text, by index into ``simulator.model.STATUSES``.
 _STATUS_JSON = np.array([wire.encode_row(s) for s in STATUSES], dtype=object)
 
@@ -69,6 +69,7 @@ BLOCK_SPAN_S = 0.1
 SEAL_EVERY_S = 0.5
 SEAL_ROWS = 250_000
 MIN_RUN = 48  # shorter runs of fast-path messages go one by one: ``_fast`` has a fixed cost of ~100 us
+SLICE = 256  # messages produced between two polls at full speed (each slice: one compiled call, one poll)
 
 
 @dataclass(frozen=True)
@@ -174,14 +175,16 @@ class _Run:
     codes: np.ndarray
     tsm: list[int]
     tsm_a: np.ndarray  # ``tsm`` as an array, for the ledger block
-    values: list[bytes]
-    digests: Digests
-    # Each session's topic, key, partition and delivery callback, as object arrays indexed like ``sessions``:
-    # a stretch's per-message argument lists come from one take each, not from attribute reads per message.
+    values: Values
+    # Per message: its topic's producer handle and its partition; its key is ``keys[key_at[s]:key_at[s + 1]]``
+    # for its session ``s``; ``rows`` gets its ledger row number before it is produced, ``sent`` its send time
+    # (-1 until it is).
     topics: np.ndarray
-    keys: np.ndarray
     partitions: np.ndarray
-    callbacks: np.ndarray
+    keys: np.ndarray
+    key_at: np.ndarray
+    rows: np.ndarray
+    sent: np.ndarray
 
 
 def _encode_run(
@@ -191,11 +194,11 @@ def _encode_run(
     seqs: np.ndarray,
     tsm: np.ndarray,
     b: BlockUpdate,
-) -> tuple[list[bytes], Digests]:
-    """``simulator.native.RunEncoder.encode`` in Python: each message's value and their digests to come.
+) -> Values:
+    """``simulator.native.RunEncoder.encode`` in Python: the run's values.
 
     All values are made by one bytes formatting of the run's templates (session head + row template per
-    message), split on the newline that JSON text never contains raw.
+    message), each ended by a newline, which JSON text never contains raw.
     """
     m = len(sidx)
     heads = np.empty((len(sessions), 2), dtype=object)
@@ -212,10 +215,10 @@ def _encode_run(
         frags = np.array(wire.encode_floats(b.values.ravel()), dtype=object).reshape(m, len(numeric))
     for j, col in enumerate(holes):
         args[:, 2 + j] = _STATUS_JSON[b.status] if col == "status" else frags[:, numeric.index(col)]
-    text = b"".join(parts.ravel().tolist()) % tuple(args.ravel().tolist())
-    values = text.split(b"\n")
-    values.pop()
-    return values, Digests.of(values)
+    text = np.frombuffer(b"".join(parts.ravel().tolist()) % tuple(args.ravel().tolist()), dtype=np.uint8)
+    bounds = np.zeros(m + 1, dtype=np.int64)
+    bounds[1:] = np.flatnonzero(text == 10) + 1
+    return Values(text.copy(), bounds)
 
 
 def _versions() -> dict[str, str]:
@@ -357,9 +360,17 @@ class Simulator:
         if ledger_dir.exists() and any(ledger_dir.iterdir()):
             raise SimulatorError(f"run directory {self.run_dir} already has a ledger; choose a new --run-dir")
         wait_for_kafka(self.kafka.bootstrap, cfg.connect_timeout_s, dict(self.kafka.settings))
-        producer = self._make_producer()
+        producer = self._make_producer()  # first: a bad setting is refused before anything is written
+        try:
+            return self._run(producer, ledger_dir, stop)
+        finally:
+            producer.close()  # its threads and connections end with the run, however it ends
+
+    def _run(self, producer: DirectProducer, ledger_dir: Path, stop: threading.Event | None) -> RunSummary:
+        """``run`` with its producer made (``run`` closes it, however this ends)."""
+        cfg = self.config
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        ledger = Ledger(ledger_dir, clock=self.clock)
+        ledger = Ledger(ledger_dir)
         truth = Truth(self.run_dir / "truth")
         rng = np.random.default_rng(cfg.seed)
         fleet = Fleet(cfg, rng, self.run_id, ledger)
@@ -415,7 +426,7 @@ class Simulator:
                     interrupted = True
                     with contextlib.suppress(Exception):
                         producer.purge()
-                        producer.poll(0.5)
+                        self._serve(0.5)
                     unacked = ledger.outstanding()
                 for sensor in fleet.active:
                     if sensor.session is not None:
@@ -450,22 +461,25 @@ class Simulator:
                     interrupted=interrupted,
                 )
                 self._write_run_json(start_s, end_s, summary, fleet)
-                # Drop the client now, so its connections close with the run rather than at garbage collection.
-                del self._producer
         return summary
 
-    def _make_producer(self) -> Producer:
+    def _make_producer(self) -> DirectProducer:
         tuned = {**DEFAULT_PRODUCER, **self.config.producer}
-        conf = self.kafka.client(**{k: v for k, v in tuned.items() if k not in self.kafka.settings})
-        conf["error_cb"] = self._on_error
-        try:
-            return Producer(conf)
-        except KafkaException as exc:
-            raise SimulatorError(f"bad producer setting: {exc.args[0].str()}") from None
+        return DirectProducer(
+            self.kafka.client(**{k: v for k, v in tuned.items() if k not in self.kafka.settings})
+        )
 
-    @staticmethod
-    def _on_error(err: Any) -> None:
-        log.warning("kafka: %s", err.str())
+    def _serve(self, timeout_s: float = 0.0) -> None:
+        """Poll the producer (waiting up to ``timeout_s``) and record the delivery reports it served."""
+        self._producer.poll(timeout_s)
+        self._record_reports()
+
+    def _record_reports(self) -> None:
+        """Hand the reports served since the last call to the ledger, dated by the clock read now."""
+        ledger = self._ledger
+        assert ledger is not None
+        now = self.clock()
+        ledger.acknowledge(*self._producer.take(), now, error_text)  # nothing between: see _produce_stretch
 
     def _apply_controls(self) -> float:
         with self._lock:
@@ -485,7 +499,6 @@ class Simulator:
         cfg = self.config
         rng, fleet, ledger = self._rng, self._fleet, self._ledger
         assert fleet is not None and ledger is not None
-        producer = self._producer
         clock = self.clock
         end_s = self._start_s + cfg.duration_s if cfg.duration_s is not None else math.inf
         max_planned = cfg.max_messages if cfg.max_messages is not None else math.inf
@@ -593,8 +606,7 @@ class Simulator:
             self._planned += n
             sched = last_t if throttled else max(sched, last_t)
             self._sched = sched
-            producer.poll(0)
-            ledger.mark(clock())
+            self._serve()
             mono = time.monotonic()
             if mono - last_seal >= SEAL_EVERY_S or ledger.open_rows >= SEAL_ROWS:
                 last_seal = mono
@@ -604,14 +616,11 @@ class Simulator:
 
     def _wait_until(self, t_ms: int) -> None:
         """Ahead of schedule: wait for ``t_ms``, serving delivery reports meanwhile."""
-        producer, mark, clock = self._producer, self._ledger.mark if self._ledger else None, self.clock
+        clock = self.clock
         now_ms = clock() * 1000.0
         while t_ms > now_ms:
-            producer.poll(min((t_ms - now_ms) / 1000.0, 0.05))
-            now = clock()
-            now_ms = now * 1000.0
-            if mark is not None:
-                mark(now)
+            self._serve(min((t_ms - now_ms) / 1000.0, 0.05))
+            now_ms = clock() * 1000.0
 
     def _one(
         self,
@@ -688,12 +697,14 @@ class Simulator:
         counts = np.bincount(sidx, minlength=len(active)).tolist()
         for sess, c in zip(sessions, counts, strict=True):
             sess.seq += c
-        encoded = self._encoder.encode(
+        values = self._encoder.encode(
             [sess.prefix for sess in sessions], sidx, seqs, tsm_a, b.delete, b.rid, b.values, b.status
         )
-        values, digests = (
-            encoded if encoded is not None else _encode_run(store, sessions, sidx, seqs, tsm_a, b)
-        )
+        if values is None:
+            values = _encode_run(store, sessions, sidx, seqs, tsm_a, b)
+        topic = self._producer.topic
+        key_at = np.zeros(len(sessions) + 1, dtype=np.int64)
+        key_at[1:] = np.cumsum([len(sess.key) for sess in sessions])
         run = _Run(
             sessions=sessions,
             sidx=sidx,
@@ -702,11 +713,14 @@ class Simulator:
             tsm=tsm,
             tsm_a=tsm_a,
             values=values,
-            digests=digests,
-            topics=np.array([sess.topic for sess in sessions], dtype=object),
-            keys=np.array([sess.key for sess in sessions], dtype=object),
-            partitions=np.array([sess.partition for sess in sessions], dtype=object),
-            callbacks=np.array([sess.on_delivery for sess in sessions], dtype=object),
+            topics=np.array([topic(sess.topic) if sess.code >= 0 else 0 for sess in sessions], np.int64)[
+                sidx
+            ],
+            partitions=np.array([sess.partition for sess in sessions], dtype=np.int32)[sidx],
+            keys=np.frombuffer(b"".join(sess.key for sess in sessions) + b"\0", dtype=np.uint8).copy(),
+            key_at=key_at,
+            rows=np.zeros(m, dtype=np.int64),
+            sent=np.full(m, -1.0),
         )
         faults = [j for j, c in enumerate(codes) if c] if any(codes) else []
         heap = self._heap
@@ -727,150 +741,149 @@ class Simulator:
             if i == nxt:
                 sess = sessions[sidx[i]]
                 self._fault(
-                    sess, int(seqs[i]), UPDATE, codes[i], tsm[i], values[i], int(delays[i]), float(uf[i])
+                    sess,
+                    int(seqs[i]),
+                    UPDATE,
+                    codes[i],
+                    tsm[i],
+                    values.value(i),
+                    int(delays[i]),
+                    float(uf[i]),
                 )
                 i += 1
                 f += 1
 
     def _produce_stretch(self, run: _Run, i: int, j: int) -> None:
-        """Send messages ``i:j`` of a planned run (no faults) and record their ledger rows."""
-        ledger = self._ledger
-        assert ledger is not None
-        base = ledger.next_index
-        sidx, seqs = run.sidx[i:j], run.seqs[i:j]
-        # Reports of a session come in produce order, so its FIFO may take the rows before producing: per
-        # session, its rows of the stretch in order (a stable sort by session), and its last seq is its
-        # highest sent in order.
-        order = stable_order(sidx)
-        by = sidx[order]
-        starts = np.flatnonzero(np.r_[True, by[1:] != by[:-1]]).tolist()
-        rows = (order + base).tolist()
-        last = seqs[order].tolist()
-        for a, b in zip(starts, [*starts[1:], len(rows)], strict=True):
-            sess = run.sessions[by[a]]
-            sess.fifo.extend(rows[a:b])
-            sess.hi = last[b - 1]
-        sent = self._produce_run(
-            run.topics[sidx].tolist(),
-            run.values[i:j],
-            run.keys[sidx].tolist(),
-            run.partitions[sidx].tolist(),
-            run.callbacks[sidx].tolist(),
-            run.tsm[i:j],
-        )
-        ledger.add_block(
-            run.codes[i:j],
-            seqs,
-            UPDATE,
-            NONE,
-            run.tsm_a[i:j],
-            sent,
-            run.digests[i:j],
-        )
-        self._sent += j - i
+        """Send messages ``i:j`` of a planned run (no faults) and record their ledger rows.
 
-    def _produce_run(
-        self,
-        topics: list[str],
-        values: list[bytes],
-        keys: list[bytes],
-        partitions: list[int],
-        callbacks: list[Any],
-        due_ms: list[int],
-    ) -> np.ndarray:
-        """Produce a run in slices of at most 64, polling after each; return each message's send time.
-
-        A slice holds only messages already due (throttled runs wait for the next one), and its messages are
-        dated by the clock read before it, as the ledger's ``sent_ts`` promises.
+        Whatever stops it (a Ctrl-C, a refused message, a stalled broker), the messages already produced
+        get their rows: nothing reaches the topics that the ledger lacks.
         """
         ledger = self._ledger
         assert ledger is not None
-        producer, clock, mark = self._producer, self.clock, ledger.mark
-        produce, poll = producer.produce, producer.poll
-        drain: Callable[[Any], None] = deque(maxlen=0).extend
+        sidx, seqs = run.sidx[i:j], run.seqs[i:j]
+        run.rows[i:j] = np.arange(ledger.next_index, ledger.next_index + (j - i))
+        # Each session's highest seq sent in order (the delayed messages of ``_release`` wait for it).
+        last = np.full(len(run.sessions), -1, dtype=np.int64)
+        np.maximum.at(last, sidx, seqs)
+        for k in np.flatnonzero(last >= 0).tolist():
+            run.sessions[k].hi = int(last[k])
+        sent = run.sent[i:j]
+        try:
+            self._produce_run(run, i, j)
+        finally:
+            done = int(np.count_nonzero(sent >= 0))  # produced in order: a prefix
+            if done:
+                ledger.add_block(
+                    run.codes[i : i + done],
+                    seqs[:done],
+                    UPDATE,
+                    NONE,
+                    run.tsm_a[i : i + done],
+                    sent[:done],
+                    run.values[i : i + done],
+                )
+                self._sent += done
+
+    def _produce_run(self, run: _Run, start: int, stop: int) -> None:
+        """Produce messages ``start:stop`` of a run in slices, serving reports after each.
+
+        A slice holds at most ``SLICE`` messages, and only messages already due (a throttled run waits for
+        the next one); ``run.sent`` gets each produced message's send time, set as it is produced: the clock
+        read before its slice, as the ledger's ``sent_ts`` promises.
+        """
+        producer, clock, due_ms = self._producer, self.clock, run.tsm
+        args = (
+            run.topics,
+            run.partitions,
+            run.values.text,
+            run.values.bounds,
+            run.keys,
+            run.key_at,
+            run.sidx,
+            run.rows,
+            run.sent,
+        )
         throttled = self._throttled
-        m = len(values)
-        starts: list[int] = []
-        times: list[float] = []
         now = clock()
-        i = 0
-        while i < m:
+        i = start
+        while i < stop:
             if throttled:
                 if due_ms[i] > now * 1000.0:
                     self._wait_until(due_ms[i])
                     now = clock()
-                j = bisect.bisect_right(due_ms, now * 1000.0, i, min(m, i + 64))
+                j = bisect.bisect_right(due_ms, now * 1000.0, i, min(stop, i + SLICE))
             else:
-                j = min(m, i + 64)
-            starts.append(i)
-            times.append(now)
-            # ``produce`` is called from C (starmap drained by a zero-length deque): no bytecode per message.
-            # If it raises, the values iterator's remaining length says which message it was.
-            left = iter(values[i:j])
-            calls = zip(topics[i:j], left, keys[i:j], partitions[i:j], callbacks[i:j], strict=False)
-            while True:
-                try:
-                    drain(itertools.starmap(produce, calls))
-                    break
-                except BufferError:
-                    k = j - operator.length_hint(left) - 1
-                    self._backpressure(topics[k], values[k], keys[k], partitions[k], callbacks[k])
-                except KafkaException as exc:
-                    k = j - operator.length_hint(left) - 1
-                    raise self._refused(topics[k], values[k], exc) from None
+                j = min(stop, i + SLICE)
+            k = i
+            while k < j:
+                k, err = producer.produce_run(args, k, j, now)
+                if err:
+                    topic = run.sessions[run.sidx[k]].topic
+                    size = int(run.values.bounds[k + 1] - run.values.bounds[k] - 1)
+                    self._produce_or_wait(
+                        functools.partial(self._produce_one, args, k, now), topic, size, err
+                    )
+                    k += 1
             i = j
-            poll(0)
+            self._serve()
             now = clock()
-            mark(now)
-        return np.repeat(np.array(times), np.diff(np.array([*starts, m])))
 
     # ---- off the hot path ----------------------------------------------------------------------------
 
     def _abandon_rate(self, sensor: Sensor) -> float:
         return self._faults.for_sensor(sensor.id).abandon
 
+    def _produce_one(self, args: tuple[np.ndarray, ...], k: int, now: float) -> int:
+        """Message ``k`` of a run (``_produce_run``'s arguments): 0, or librdkafka's error."""
+        return self._producer.produce_run(args, k, k + 1, now)[1]
+
     def _send(self, sess: Session, seq: int, kind: int, fault: int, intended_ms: int, value: bytes) -> None:
-        producer = self._producer
-        try:
-            producer.produce(sess.topic, value, sess.key, sess.partition, sess.on_delivery)
-        except BufferError:
-            self._backpressure(sess.topic, value, sess.key, sess.partition, sess.on_delivery)
-        except KafkaException as exc:
-            raise self._refused(sess.topic, value, exc) from None
-        ledger = self._ledger
+        producer, ledger = self._producer, self._ledger
         assert ledger is not None
-        sess.fifo.append(ledger.next_index)
+        row, topic = ledger.next_index, producer.topic(sess.topic)
+        now, digest = self.clock(), hashlib.sha256(value).digest()
+        self._produce_or_wait(
+            functools.partial(producer.produce, topic, sess.partition, value, sess.key, row),
+            sess.topic,
+            len(value),
+        )
+        ledger.add_row(sess.code, seq, kind, fault, intended_ms, now, digest)  # at once: see _produce_stretch
+        self._sent += 1
         if fault in (NONE, MALFORMED) and seq > sess.hi:
             sess.hi = seq
-        ledger.add_row(sess.code, seq, kind, fault, intended_ms, self.clock(), hashlib.sha256(value).digest())
-        self._sent += 1
 
-    def _refused(self, topic: str, value: bytes, exc: KafkaException) -> SimulatorError:
-        """The client refused a message outright (too large, unknown topic...): say which and why."""
-        return SimulatorError(
-            f"the producer refused a {len(value):,}-byte message for {topic}: {exc.args[0].str()} "
-            "(fewer --rows or columns, or a larger message.max.bytes via -P and on the broker)"
-        )
+    def _produce_or_wait(
+        self, produce: Callable[[], int], topic: str, size: int, err: int | None = None
+    ) -> None:
+        """Produce one message (``produce`` returns librdkafka's error code), waiting while the queue is full.
 
-    def _backpressure(self, topic: str, value: bytes, key: bytes, partition: int, callback: Any) -> None:
-        """The local queue is full: serve delivery reports until there is room; never drop the message."""
-        self._bp_waits += 1
-        producer = self._producer
-        deadline = time.monotonic() + self.config.stall_timeout_s
-        mark = self._ledger.mark if self._ledger is not None else None
-        while True:
-            producer.poll(0.01)
-            if mark is not None:
-                mark(self.clock())
-            try:
-                producer.produce(topic, value, key, partition, callback)
-                return
-            except BufferError:
+        ``err`` is the error of a try already made. A full local queue is served until the message goes in
+        (never dropped; ``backpressure_waits``); if it stays full ``stall_timeout_s``, or the client refuses
+        the message outright, the run stops with an error saying why.
+        """
+        if err is None:
+            err = produce()
+        if err == QUEUE_FULL:
+            self._bp_waits += 1
+            deadline = time.monotonic() + self.config.stall_timeout_s
+            while err == QUEUE_FULL:
                 if time.monotonic() > deadline:
                     raise SimulatorError(
                         f"the broker at {self.kafka.bootstrap} took no messages for "
                         f"{self.config.stall_timeout_s:g} s (producer queue full); is it still running?"
-                    ) from None
+                    )
+                self._serve(0.01)
+                err = produce()
+        if err:
+            hint = (
+                " (fewer --rows or columns, or a larger message.max.bytes via -P and on the broker)"
+                if err == MSG_SIZE_TOO_LARGE
+                else ""
+            )
+            raise SimulatorError(
+                f"the producer refused a {size:,}-byte message for {topic}: {error_text(err)}{hint}"
+            )
 
     def _fault(
         self, sess: Session, seq: int, kind: int, fault: int, t_ms: int, value: bytes, delay: int, u: float
@@ -957,7 +970,7 @@ class Simulator:
                 self._end_session(sensor, t_ms, abandoned=False)
                 self._planned += 1
 
-    def _flush(self, producer: Producer) -> int:
+    def _flush(self, producer: DirectProducer) -> int:
         """Wait for outstanding acknowledgements; purge what is left so its reports say so."""
         remaining = self._flush_marked(producer, self.config.flush_timeout_s)
         if remaining:
@@ -972,14 +985,12 @@ class Simulator:
         ledger = self._ledger
         return remaining if ledger is None else max(remaining, ledger.outstanding())
 
-    def _flush_marked(self, producer: Producer, timeout_s: float) -> int:
+    def _flush_marked(self, producer: DirectProducer, timeout_s: float) -> int:
         """``producer.flush`` in short slices, dating the delivery reports of each slice for ``acked_ts``."""
         deadline = time.monotonic() + timeout_s
-        ledger = self._ledger
         while True:
-            remaining = int(producer.flush(max(0.0, min(0.02, deadline - time.monotonic()))))
-            if ledger is not None:
-                ledger.mark(self.clock())
+            remaining = producer.flush(max(0.0, min(0.02, deadline - time.monotonic())))
+            self._record_reports()
             if remaining == 0 or time.monotonic() >= deadline:
                 return remaining
 

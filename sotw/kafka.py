@@ -71,6 +71,11 @@ class KafkaConfig:
         return Consumer(conf)
 
 
+def setting_text(value: Any) -> str:
+    """A librdkafka setting's value as the text librdkafka takes: ``True`` -> ``true``, 5 -> ``5``."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
 def parse_settings(pairs: Iterable[str]) -> dict[str, str]:
     """Turn ``key=value`` strings (``-X`` flags or lines of a settings file) into a dict.
 

@@ -5,7 +5,7 @@ import pytest
 
 from simulator import native
 from simulator.model import TableStore, milli
-from simulator.native import Digests, RunEncoder
+from simulator.native import RunEncoder, Values
 from sotw import wire
 
 SESSIONS = [("0007", "0007-run%1-00001"), ('s"é\\', "sé-00002"), ("x" * 40, "x-00003")]
@@ -31,9 +31,9 @@ def test_the_compiled_encoder_writes_each_update_and_its_sha256_as_the_wire_form
         tsm = rng.integers(1_700_000_000_000, 1_900_000_000_000, m)
         encoded = encoder.encode(prefixes, table, seqs, tsm, b.delete, b.rid, b.values, b.status)
         assert encoded is not None
-        values, pending = encoded
-        digests = pending.resolve()
-        assert len(pending) == m and pending[1:m].resolve() == digests[32:]
+        values = [encoded.value(i) for i in range(m)]
+        digests = encoded.digests()
+        assert len(encoded) == m and encoded[1:m].digests() == digests[32:]
         assert b.delete.any() or m < 100
         for i in range(m):
             sensor, session = SESSIONS[table[i]]
@@ -58,7 +58,7 @@ def test_floats_come_out_as_orjson_writes_them_and_others_are_left_to_python():
         values = np.array([[x]])
         prefix = wire.update_prefix("s", "s-1")
         encoded = encoder.encode([prefix], one, one, one, np.zeros(1, dtype=bool), one, values, one)
-        return None if encoded is None else encoded[0]
+        return None if encoded is None else [encoded.value(0)]
 
     for x in written:
         value = encode(x)
@@ -68,20 +68,21 @@ def test_floats_come_out_as_orjson_writes_them_and_others_are_left_to_python():
 
 
 @pytest.mark.parametrize("compiled", [True, False])
-def test_digests_of_values_are_their_sha256_compiled_or_not(monkeypatch, compiled):
+def test_a_runs_values_give_back_each_value_and_its_sha256_compiled_or_not(monkeypatch, compiled):
     values = [b"", b"{}", "é%\\".encode(), b"x" * 1000]
     monkeypatch.setattr(native, "AVAILABLE", compiled)
-    digests = Digests.of(values)
-    assert len(digests) == 4 and len(digests[2:]) == 2 and len(digests[3:1]) == 0
-    assert digests.resolve() == b"".join(hashlib.sha256(v).digest() for v in values)
-    assert digests[1:3].resolve() == b"".join(hashlib.sha256(v).digest() for v in values[1:3])
+    run = Values.of(values)
+    assert len(run) == 4 and len(run[2:]) == 2 and len(run[3:1]) == 0
+    assert [run.value(i) for i in range(4)] == values and run[1:3].value(1) == values[2]
+    assert run.digests() == b"".join(hashlib.sha256(v).digest() for v in values)
+    assert run[1:3].digests() == b"".join(hashlib.sha256(v).digest() for v in values[1:3])
 
 
 def test_a_kernel_numba_cannot_cache_is_compiled_in_the_process_instead():
     # A function without a source file has nowhere to be cached, as in a read-only install without a home.
     scope: dict[str, object] = {}
     exec("def double(x):\n    return 2 * x\n", scope)
-    assert native._jit(scope["double"])(21) == 42
+    assert native.jit(scope["double"])(21) == 42
 
 
 def test_table_updates_refuse_inputs_that_would_leave_the_store():

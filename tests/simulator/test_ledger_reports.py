@@ -1,0 +1,69 @@
+"""The ledger's side of delivery reports, without a broker: when a chunk is written, and what it says."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from simulator.faults import NONE
+from simulator.ledger import NOT_ACKNOWLEDGED, UPDATE, Ledger
+from simulator.native import Values
+
+
+def _block(ledger: Ledger, session: int, seqs: list[int], sent_s: float) -> int:
+    n = len(seqs)
+    return ledger.add_block(
+        np.full(n, session, np.int32),
+        np.array(seqs),
+        UPDATE,
+        NONE,
+        np.array(seqs) + 1_790_000_000_000,
+        np.full(n, sent_s),
+        Values.of([b'{"seq":%d}' % s for s in seqs]),
+    )
+
+
+def test_a_chunk_waits_for_every_report_then_says_what_each_row_got(tmp_path):
+    ledger = Ledger(tmp_path / "ledger")
+    code = ledger.add_session("s-1", "s", "t", 0)
+    first = _block(ledger, code, [1, 2, 3, 4], 1_790_000_000.5)
+    # Reports may come back before their rows are sealed: kept until they have a chunk.
+    ledger.acknowledge(np.array([first, first + 1]), np.array([10, 11]), np.zeros(2), 1_790_000_001.0, str)
+    ledger.add_row(code, 5, UPDATE, NONE, 1_790_000_000_005)  # never sent: needs no report
+    ledger.seal()
+    ledger.write_ready()
+    assert ledger.rows_written == 0 and ledger.outstanding() == 2  # rows 3 and 4 have no report yet
+    # A delivery librdkafka reports without an offset (-1001) is a delivery; a failure is a report too.
+    timed_out = {-192: "Local: Message timed out"}.__getitem__
+    ledger.acknowledge(
+        np.array([first + 2, first + 3]),
+        np.array([-1001, -1]),
+        np.array([0, -192]),
+        1_790_000_001.5,
+        timed_out,
+    )
+    ledger.write_ready()
+    assert ledger.rows_written == 5 and ledger.outstanding() == 0
+    ledger.close()
+    rows = pq.read_table(tmp_path / "ledger").to_pylist()
+    got = [(r["seq"], r["delivered"], r["offset"], r["acked_ts"], r["error"]) for r in rows]
+    assert got == [
+        (1, True, 10, 1_790_000_001_000, None),
+        (2, True, 11, 1_790_000_001_000, None),
+        (3, True, None, 1_790_000_001_500, None),
+        (4, False, None, None, "Local: Message timed out"),
+        (5, False, None, None, None),
+    ]
+
+
+def test_rows_still_without_a_report_at_close_are_written_as_not_acknowledged(tmp_path):
+    ledger = Ledger(tmp_path / "ledger")
+    code = ledger.add_session("s-1", "s", "t", 0)
+    first = _block(ledger, code, [1, 2], 1_790_000_000.5)
+    ledger.acknowledge(np.array([first]), np.array([7]), np.zeros(1), 1_790_000_001.0, str)
+    ledger.close()
+    rows = pq.read_table(tmp_path / "ledger").to_pylist()
+    assert [(r["delivered"], r["offset"], r["error"]) for r in rows] == [
+        (True, 7, None),
+        (False, None, NOT_ACKNOWLEDGED),
+    ]
