@@ -16,14 +16,13 @@ settings, and:
 The log holds as many reports as the producer can have messages queued (``queue.buffering.max.messages``,
 24 bytes each: librdkafka itself keeps a few hundred bytes per queued message), and it is emptied before
 every call that serves reports, so no report can miss its place. Errors of the client (a broker down, say)
-go to a Python callback and are logged, as before.
+are logged by librdkafka itself, on stderr: no Python runs inside librdkafka's calls.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
-import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -35,8 +34,6 @@ from simulator.config import SimulatorError
 from simulator.native import addr, jit, ptr
 from sotw.kafka import setting_text
 
-log = logging.getLogger(__name__)
-
 #: librdkafka's error code for a full local queue (``RD_KAFKA_RESP_ERR__QUEUE_FULL``).
 QUEUE_FULL = -184
 #: ... for a message larger than ``message.max.bytes`` (``RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE``).
@@ -46,7 +43,6 @@ _MSG_F_COPY = 2  # RD_KAFKA_MSG_F_COPY: librdkafka copies the payload, the buffe
 _PURGE_QUEUE, _PURGE_INFLIGHT = 1, 2
 
 _P = ctypes.c_void_p
-_ERROR_CB = ctypes.CFUNCTYPE(None, _P, ctypes.c_int, ctypes.c_char_p, _P)
 
 
 @functools.cache
@@ -68,7 +64,6 @@ def _library() -> ctypes.CDLL:
             [_P, ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_size_t)],
         ),
         "rd_kafka_conf_set_dr_msg_cb": (None, [_P, _P]),
-        "rd_kafka_conf_set_error_cb": (None, [_P, _ERROR_CB]),
         "rd_kafka_conf_set_opaque": (None, [_P, _P]),
         "rd_kafka_new": (_P, [ctypes.c_int, _P, ctypes.c_char_p, ctypes.c_size_t]),
         "rd_kafka_destroy": (None, [_P]),
@@ -230,23 +225,25 @@ class DirectProducer:
     def __init__(self, settings: Mapping[str, Any]) -> None:
         lib = self._lib = _library()
         self._rk = 0
-        self._raised: BaseException | None = None
+        self._topics: dict[str, int] = {}
+        self._taken: list[np.ndarray] = []
+        # Compile the kernel (or load it from numba's cache) now, not in the run's first slice, and before
+        # there is a client to leak if that fails.
+        ints, buf = np.zeros(1, np.int64), np.zeros(1, np.uint8)
+        _produce_run(ints, ints.astype(np.int32), buf, ints, buf, ints, ints, ints, np.zeros(1), 0, 0, 0.0)
         conf = lib.rd_kafka_conf_new()
         try:
             self._configure(conf, settings)
-            rk = lib.rd_kafka_new(_PRODUCER, conf, self._errstr, len(self._errstr))
         except BaseException:
             lib.rd_kafka_conf_destroy(conf)
             raise
+        # Outside the ``try``: once ``rd_kafka_new`` has run, the conf may be librdkafka's (freed by it), and a
+        # Ctrl-C landing as it returns must not free it again.
+        rk = lib.rd_kafka_new(_PRODUCER, conf, self._errstr, len(self._errstr))
         if not rk:  # the conf is still ours: librdkafka takes it only when it succeeds
             lib.rd_kafka_conf_destroy(conf)
             raise SimulatorError(f"bad producer settings: {self._errstr.value.decode(errors='replace')}")
         self._rk = rk
-        self._topics: dict[str, int] = {}
-        self._taken: list[np.ndarray] = []
-        # Compile the kernel (or load it from numba's cache) now, not in the run's first slice.
-        ints, buf = np.zeros(1, np.int64), np.zeros(1, np.uint8)
-        self.produce_run((ints, ints.astype(np.int32), buf, ints, buf, ints, ints, ints, np.zeros(1)), 0, 0)
 
     def _configure(self, conf: int, settings: Mapping[str, Any]) -> None:
         lib = self._lib
@@ -278,14 +275,9 @@ class DirectProducer:
         self._head = np.array([0, cap, 0, self._log.ctypes.data], dtype=np.int64)
         lib.rd_kafka_conf_set_dr_msg_cb(conf, _report_callback().address)
         lib.rd_kafka_conf_set_opaque(conf, self._head.ctypes.data)
-        self._error_cb = _ERROR_CB(self._on_error)  # kept: librdkafka holds only its address
-        lib.rd_kafka_conf_set_error_cb(conf, self._error_cb)
-
-    def _on_error(self, rk: Any, code: int, reason: bytes | None, opaque: Any) -> None:
-        try:
-            log.warning("kafka: %s", (reason or b"").decode("utf-8", "replace") or error_text(code))
-        except BaseException as exc:  # noqa: BLE001 - ctypes would print and drop it: a Ctrl-C, say
-            self._raised = exc
+        # No error callback: librdkafka then logs client errors itself (``%3|...|ERROR|...`` on stderr). A
+        # Python callback would run inside ``rd_kafka_poll``, and a Ctrl-C arriving meanwhile is raised as it
+        # starts, where ctypes prints it and drops it: 14 of 20 Ctrl-C were lost so with the broker down.
 
     def _handle(self) -> int:
         if not self._rk:
@@ -329,21 +321,13 @@ class DirectProducer:
         rk = self._handle()
         self._stash()
         self._lib.rd_kafka_poll(rk, int(timeout_s * 1000))
-        self._reraise()
 
     def flush(self, timeout_s: float) -> int:
         """Wait up to ``timeout_s`` for every queued message to be reported; return how many are left."""
         rk = self._handle()
         self._stash()
         self._lib.rd_kafka_flush(rk, int(timeout_s * 1000))
-        self._reraise()
         return len(self)
-
-    def _reraise(self) -> None:
-        """Raise what the error callback caught (a Ctrl-C that landed in it), as confluent-kafka does."""
-        if self._raised is not None:
-            raised, self._raised = self._raised, None
-            raise raised
 
     def purge(self) -> None:
         """Drop what is queued and in flight: each such message gets a report with a purge error."""

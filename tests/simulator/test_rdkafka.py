@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import _thread
+import socket
 import threading
 import time
 from collections import Counter
@@ -116,3 +117,25 @@ def test_a_ctrl_c_in_the_middle_of_a_run_leaves_nothing_on_the_topics_that_the_l
     assert not missing, f"{len(missing)} records on the topics are not in the ledger"
     assert all(places[(r["topic"], r["partition"], r["offset"])]["value_sha256"] == r["sha"] for r in records)
     assert not [r for r in ledger if r["sent_ts"] is None and r["delivered"]], "a never-sent row is delivered"
+
+
+def test_a_ctrl_c_while_the_broker_is_down_interrupts_the_producer_every_time():
+    with socket.socket() as s:  # a port nothing listens on: the client reports errors all the while
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    producer = DirectProducer(
+        {"bootstrap.servers": f"127.0.0.1:{port}", "reconnect.backoff.ms": 50, "reconnect.backoff.max.ms": 50}
+    )
+    interrupted = 0
+    try:
+        for _ in range(5):
+            threading.Timer(0.02, _thread.interrupt_main).start()
+            try:
+                started = time.monotonic()
+                while time.monotonic() - started < 1.0:
+                    producer.poll(0.5)
+            except KeyboardInterrupt:
+                interrupted += 1
+    finally:
+        producer.close()
+    assert interrupted == 5
