@@ -11,6 +11,7 @@ import logging
 from collections.abc import Iterator
 from itertools import repeat
 from typing import Any
+from uuid import uuid4
 
 import pandas as pd
 
@@ -85,9 +86,20 @@ class SessionFunction:
         self.output = output
         self._processor: SessionProcessor | None = None
         self._files = 0
+        self._token = uuid4().hex[:12]
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"policy": self.policy, "output": self.output, "_processor": None, "_files": 0}
+        return {"policy": self.policy, "output": self.output}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # Spark unpickles the function once per pass over a task's groups: the pass over groups with new data
+        # and the pass over timed-out groups run in the same task with copies of their own. Each copy numbers
+        # its files under a token of its own, so two passes writing for the same sensor never pick one name.
+        self.policy = state["policy"]
+        self.output = state["output"]
+        self._processor = None
+        self._files = 0
+        self._token = uuid4().hex[:12]
 
     def __call__(
         self, key: tuple[Any, ...], batches: Iterator[pd.DataFrame], state: Any
@@ -148,7 +160,7 @@ class SessionFunction:
             files = write_records(
                 with_every_column(records.to_arrow()),
                 f"{self.output}/{STAGING}/{batch}",
-                f"p{ctx.partitionId()}-t{ctx.taskAttemptId()}-g{self._files}.parquet",
+                f"p{ctx.partitionId()}-t{ctx.taskAttemptId()}-{self._token}-g{self._files}.parquet",
                 int(batch),
                 processed_ms,
             )

@@ -208,6 +208,22 @@ def check_consistency(output: Path, checkpoint: Path) -> None:
         )
 
 
+def _refuse_repeated(batch_id: int, moves: list[tuple[Path, Path]]) -> None:
+    """Stop before moving anything if two task outputs name one file: one of them was overwritten.
+
+    Publishing such a batch would lose the overwritten file's rows (or fail half-way on the second move), so
+    the batch is refused whole and Spark retries or stops the query; nothing of it becomes visible.
+    """
+    seen: set[Path] = set()
+    for src, _ in moves:
+        if src in seen:
+            raise PipelineError(
+                f"batch {batch_id}: two task outputs name the same staging file {src}; one overwrote the other, "
+                "so the batch is not published (a bug in the stateful step's file naming; please report it)"
+            )
+        seen.add(src)
+
+
 @dataclass
 class BatchStats:
     """What one micro-batch wrote, per dataset."""
@@ -317,6 +333,7 @@ class OutputWriter:
                 src = Path(path)
                 dest = self.output / dataset / src.parent.relative_to(staging / dataset)
                 moves.append((src, dest / f"b{batch_id}-{src.name}"))
+        _refuse_repeated(batch_id, moves)
         journal = self._journal(batch_id)
         if moves:
             journal.parent.mkdir(exist_ok=True)

@@ -197,3 +197,49 @@ def test_a_killed_pipeline_restarts_without_losing_or_repeating_output(spark, ka
 
     for name in ("changes", "sessions", "integrity", "dead_letters"):
         assert canon(rows_of(where / "output", name)) == canon(rows_of(reference.output, name)), name
+
+
+def produce(kafka, topic: str, messages: list[tuple[str, bytes]]) -> None:
+    """Produce ``(key, value)`` pairs to partition 0 of ``topic``, in order, and wait for every ack."""
+    from confluent_kafka import Producer
+
+    producer = Producer(kafka.client(**{"enable.idempotence": True}))
+    for key, value in messages:
+        producer.produce(topic, value=value, key=key.encode(), partition=0)
+    assert producer.flush(10) == 0
+
+
+def test_a_timeout_and_new_data_of_one_sensor_in_one_batch_are_both_published(
+    spark, kafka, unique_prefix, tmp_path
+):
+    """The pass over timed-out sessions and the pass over new data run in one task; their files must not clash."""
+    from sotw.kafka import ensure_topics
+    from sotw.wire import encode_end, encode_snapshot, table_digest
+
+    topic = unique_prefix() + "0007"
+    ensure_topics(kafka, {topic: 1})
+    rows = [{"id": i, "temp": 20.0 + i} for i in range(3)]
+    # Session a: a snapshot and no end, so it times out; session b of the same sensor: complete.
+    produce(kafka, topic, [("a", encode_snapshot("sensor-0007", "a", 0, 1_000, rows))])
+    cfg = pipeline_config(kafka, topic[: -len("0007")], tmp_path, "ordered", session_timeout_ms=1_000)
+    query.run(spark, cfg)
+    time.sleep(1.5)  # past a's timeout: the next batch expires it while it applies b
+    produce(
+        kafka,
+        topic,
+        [
+            ("b", encode_snapshot("sensor-0007", "b", 0, 3_000, rows)),
+            ("b", encode_end("sensor-0007", "b", 1, 3_001, len(rows), table_digest(rows))),
+        ],
+    )
+    query.run(spark, cfg)
+
+    out = sessions_out(cfg.output)
+    assert {s: (r["status"], r["closed_by"]) for s, r in out.items()} == {
+        "a": ("timed_out", "timeout"),
+        "b": ("ok", "end"),
+    }
+    timeouts = [r for r in rows_of(cfg.output, "integrity") if r["violation"] == "timeout"]
+    assert [r["session"] for r in timeouts] == ["a"]
+    # Both records were made in the same batch, by the two passes of one task.
+    assert out["a"]["batch_id"] == out["b"]["batch_id"]

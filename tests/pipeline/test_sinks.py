@@ -192,3 +192,20 @@ def test_a_batch_replayed_after_its_marker_keeps_its_files_and_drops_the_journal
     published = sorted(p.name for p in (output / "changes").rglob("*.parquet"))
     assert published == ["b3-p0-t1-g1.parquet", "b3-p0-t1-g1.parquet"]
     assert not list((output / "_publishing").iterdir())
+
+
+def test_a_batch_naming_one_staging_file_twice_is_refused_before_anything_moves(tmp_path, spark):
+    output = tmp_path / "output"
+    staging = output / STAGING / "3"
+    records = Records()
+    records.change("sensor-0001", "s1", "t", 0, 5, 1, DAY, 7, "upsert", '{"id":7}')
+    ((dataset, path, n),) = write_records(
+        with_every_column(records.to_arrow()), str(staging), "p0-g1.parquet", 3, DAY
+    )
+    twice = spark.createDataFrame([(dataset, path, n, 1, DAY)] * 2, WRITTEN_DDL)
+
+    with pytest.raises(PipelineError, match="batch 3: two task outputs name the same staging file"):
+        OutputWriter(output, tmp_path / "checkpoint")(twice, 3)
+
+    assert not (output / "changes").exists()
+    assert committed_batches(output) == []
