@@ -24,7 +24,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="sotw pipeline",
         description="Rebuild every capture session's table from the sensor topics, enforce an integrity "
-        "policy and write Parquet exactly once. `sotw pipeline inspect OUTPUT` summarizes an output.",
+        "policy and write Parquet exactly once. `sotw pipeline inspect OUTPUT` summarizes an output; "
+        "`sotw pipeline rollback OUTPUT --to-batch N` takes one back to an earlier batch.",
     )
     add_kafka_args(p)
     p.add_argument("--pattern", default="sotw-sensor-.*", help="topic regex to subscribe to (sotw-sensor-.*)")
@@ -132,11 +133,39 @@ def inspect_main(argv: Sequence[str]) -> int:
     return 0
 
 
+def rollback_main(argv: Sequence[str]) -> int:
+    """``sotw pipeline rollback OUTPUT --to-batch N``."""
+    from pipeline.errors import PipelineError
+    from pipeline.sinks import rollback
+
+    p = argparse.ArgumentParser(
+        prog="sotw pipeline rollback",
+        description="Take an output back to an earlier batch (the pipeline must be stopped): every later "
+        "batch's files and commit marker are removed, so a restored checkpoint writes them again.",
+    )
+    p.add_argument("output", type=Path)
+    p.add_argument("--to-batch", type=int, required=True, help="the last batch to keep (-1: none)")
+    p.add_argument(
+        "--checkpoint", type=Path, default=None, help="the query's checkpoint (OUTPUT/../checkpoint)"
+    )
+    args = p.parse_args(argv)
+    try:
+        result = rollback(args.output, args.checkpoint or args.output.parent / "checkpoint", args.to_batch)
+    except PipelineError as exc:
+        print(f"sotw pipeline rollback: error: {exc}", file=sys.stderr)
+        return 2
+    removed = ", ".join(map(str, result.batches)) or "none"
+    print(f"rolled back to batch {args.to_batch}: removed batches {removed} ({result.files} files)")
+    return 0
+
+
 def main(argv: Sequence[str]) -> int:
     """Run the pipeline until Ctrl-C/SIGTERM (or until drained with ``--trigger availableNow``)."""
     argv = list(argv)
     if argv and argv[0] == "inspect":
         return inspect_main(argv[1:])
+    if argv and argv[0] == "rollback":
+        return rollback_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     setup_logging(args)

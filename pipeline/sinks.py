@@ -5,14 +5,18 @@ dead letters) from one stateful step, so ``OutputWriter`` does the same job by h
 
 1. every file a batch writes carries the batch id in its name (``b<batch>-...``);
 2. ``_commits/<batch>.json`` is written last, atomically (write to a temporary name, then rename);
-3. a batch whose marker exists is skipped, and before a batch is (re)written its leftovers from an earlier,
-   interrupted attempt are removed: ``_publishing/<batch>.json`` names every file the batch is about to
+3. the marker records the offsets the batch was planned up to (its entry in the checkpoint's offset log; it
+   starts where the batch before ended), so a replayed batch whose marker exists is skipped only if Spark planned it over the
+   same offsets again; a replay over other offsets (a checkpoint restored from before the batch, while new
+   data arrived) is refused, because skipping it would silently lose the records in between;
+4. before a batch is (re)written its leftovers from an earlier, interrupted attempt are removed: ``_publishing/<batch>.json`` names every file the batch is about to
    move into the datasets, written before the first move and removed after the marker, so an interrupted
    publication is undone from that list (the cost is the batch's own files, not a walk of the output, which
    grows all run long).
 
 Spark replays an uncommitted batch with the same offsets after a crash, so each batch lands exactly once
-whether the process died before, during or after the write. The stateful step writes each group's records
+whether the process died before, during or after the write. ``rollback`` takes an output back to an earlier
+batch, the way out when a restored checkpoint is refused. The stateful step writes each group's records
 to Parquet itself, into the batch's staging directory (``write_records``, called by
 ``pipeline.reconstruct.SessionFunction``), and hands Spark only the names of the files; the driver publishes
 the files of the task attempts that succeeded. No record goes through the JVM, and nothing is cached.
@@ -25,6 +29,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import time
 from dataclasses import dataclass
@@ -41,6 +46,7 @@ OWNER_FILE = "_sotw.json"
 COMMITS = "_commits"
 STAGING = "_staging"
 PUBLISHING = "_publishing"
+ROLLBACK = "_rollback.json"
 HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
 """How a Hive partition directory names a null value (pyarrow's default ``null_fallback``)."""
 
@@ -158,6 +164,46 @@ def checkpoint_batches(checkpoint: Path) -> list[int]:
     return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit())
 
 
+def planned_offsets(checkpoint: Path, batch_id: int) -> list[Any] | None:
+    """The source offsets Spark's offset log recorded for ``batch_id`` (one entry per source), or None.
+
+    Spark writes ``offsets/<batch>`` (a version line, the batch's metadata, then one line per source with the
+    offsets the batch reads up to) before it runs the batch, so ``foreachBatch`` always finds its own entry.
+    """
+    path = checkpoint / "offsets" / str(batch_id)
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return None
+    out: list[Any] = []
+    for line in lines[2:]:
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            out.append(line)  # "-" for a source without an offset yet, or a format we do not read
+    return out
+
+
+def _offset_changes(recorded: list[Any], planned: list[Any], most: int = 3) -> str:
+    """A short description of where two offset-log entries differ, for an error message."""
+    changes: list[str] = []
+    for old, new in zip(recorded, planned, strict=False):
+        if isinstance(old, dict) and isinstance(new, dict):
+            for topic in sorted(set(old) | set(new)):
+                before, after = old.get(topic, {}), new.get(topic, {})
+                if not (isinstance(before, dict) and isinstance(after, dict)):
+                    continue
+                for part in sorted(set(before) | set(after), key=str):
+                    if before.get(part) != after.get(part):
+                        changes.append(f"{topic}[{part}] {before.get(part, '-')} -> {after.get(part, '-')}")
+        elif old != new:
+            changes.append(f"{old} -> {new}")
+    if len(recorded) != len(planned):
+        changes.append(f"{len(recorded)} sources -> {len(planned)}")
+    shown = "; ".join(changes[:most])
+    return shown + (f" and {len(changes) - most} more" if len(changes) > most else "")
+
+
 def checkpoint_query_id(checkpoint: Path) -> str | None:
     """The query id Spark recorded in ``checkpoint/metadata`` (None before the first start)."""
     meta = checkpoint / "metadata"
@@ -176,6 +222,12 @@ def check_consistency(output: Path, checkpoint: Path) -> None:
     marker and before Spark's own commit; that batch is replayed and skipped). Anything else means batches
     would be silently skipped or repeated.
     """
+    if (output / ROLLBACK).is_file():
+        target = json.loads((output / ROLLBACK).read_text()).get("to_batch")
+        raise PipelineError(
+            f"output {output} is in the middle of a rollback to batch {target} that did not finish: run "
+            f"`sotw pipeline rollback {output} --to-batch {target}` again to complete it"
+        )
     out_batches = committed_batches(output)
     ckpt_batches = checkpoint_batches(checkpoint)
     owner = output / OWNER_FILE
@@ -206,6 +258,15 @@ def check_consistency(output: Path, checkpoint: Path) -> None:
             f"checkpoint {checkpoint} has committed batches up to {last_ckpt} but output {output} only up to "
             f"{last_out}: output was lost or deleted; refusing to continue with a hole in the output"
         )
+
+
+def _read_marker(path: Path) -> dict[str, Any]:
+    """A commit marker's content; markers are written atomically, so a readable file is a whole one."""
+    try:
+        content = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise PipelineError(f"commit marker {path} cannot be read ({exc}); the output is damaged") from None
+    return content if isinstance(content, dict) else {}
 
 
 def _refuse_repeated(batch_id: int, moves: list[tuple[Path, Path]]) -> None:
@@ -298,23 +359,43 @@ class OutputWriter:
                         stale.unlink()
         self._searched = True
 
+    def _check_replay(self, batch_id: int, marker: dict[str, Any], planned: list[Any] | None) -> None:
+        """Refuse to skip a batch already in the output that Spark now plans over other offsets."""
+        recorded = marker.get("offsets")
+        if recorded is None or planned is None:
+            log.warning(
+                "batch %d is already in the output but its offsets cannot be compared (a marker from an "
+                "older sotw, or no offset log entry); not written again",
+                batch_id,
+            )
+            return
+        if recorded != planned:
+            raise PipelineError(
+                f"batch {batch_id} is already in the output {self.output}, but the checkpoint {self.checkpoint} "
+                f"now plans it over other offsets ({_offset_changes(recorded, planned)}): the checkpoint was "
+                "restored from before that batch while new data arrived. Skipping the batch would silently lose "
+                "the records in between, and writing it again would repeat rows. Restore the checkpoint that "
+                f"belongs with this output, or take the output back with `sotw pipeline rollback {self.output} "
+                f"--to-batch {batch_id - 1}` and start again"
+            )
+
     def __call__(self, batch_df: Any, batch_id: int) -> None:
         """Publish the files ``batch_df`` (the stateful step's ``WRITTEN_DDL`` rows) names, unless already done."""
         if not self._owner_checked:
             self._claim()
         marker = self.output / COMMITS / f"{batch_id}.json"
+        planned = planned_offsets(self.checkpoint, batch_id)
         if marker.exists():
-            # Replayed after a crash between our commit and Spark's: the rows are already in the output. The
-            # batch must still run to the end so the state store commits this version (Spark checks it).
+            # Replayed after a crash between our commit and Spark's: the rows are already in the output, if
+            # Spark planned the batch over the same offsets as before. The batch must still run to the end so
+            # the state store commits this version (Spark checks it).
+            self._check_replay(batch_id, _read_marker(marker), planned)
             log.info("batch %d already in the output; not written again", batch_id)
             batch_df.write.format("noop").mode("overwrite").save()
             shutil.rmtree(self.output / STAGING / str(batch_id), ignore_errors=True)
             # Killed after the marker, before the journal was removed: the files are the batch's, keep them.
             self._journal(batch_id).unlink(missing_ok=True)
-            try:
-                self._remember(batch_id, int(json.loads(marker.read_text()).get("messages", 0)))
-            except (OSError, ValueError):
-                pass
+            self._remember(batch_id, int(_read_marker(marker).get("messages", 0)))
             return
         self._clear_attempt(batch_id)
         staging = (self.output / STAGING / str(batch_id)).absolute()
@@ -353,8 +434,73 @@ class OutputWriter:
                 "committed_ms": committed_ms,
                 "rows": rows,
                 "messages": messages,
+                "offsets": planned,
             },
         )
         journal.unlink(missing_ok=True)
         self._remember(batch_id, messages)
         self.last = BatchStats(batch_id, rows, committed_ms, messages)
+
+
+_BATCH_FILE = re.compile(r"^b(\d+)-")
+
+
+@dataclass(frozen=True)
+class RollbackResult:
+    """What ``rollback`` removed."""
+
+    batches: list[int]
+    files: int
+
+
+def rollback(output: Path, checkpoint: Path, to_batch: int) -> RollbackResult:
+    """Take ``output`` back to batch ``to_batch``: every later batch's marker and files are removed.
+
+    The way out when a restarted pipeline refuses to skip a batch the checkpoint now plans over other offsets
+    (a checkpoint restored from an older backup): after the rollback the batches after ``to_batch`` are
+    written again from the restored checkpoint. The pipeline must not be running. The target is written to
+    ``_rollback.json`` first and removed last, so an interrupted rollback is finished by running it again,
+    and the pipeline refuses to start on a half-rolled-back output.
+
+    Raises
+    ------
+    PipelineError
+        If the checkpoint has committed batches after ``to_batch`` (the output would have a hole).
+    """
+    if to_batch < -1:
+        raise PipelineError(f"--to-batch must be -1 (nothing) or a batch id, got {to_batch}")
+    last_ckpt = max(checkpoint_batches(checkpoint), default=-1)
+    if last_ckpt > to_batch:
+        raise PipelineError(
+            f"checkpoint {checkpoint} has committed batches up to {last_ckpt}: rolling the output back to "
+            f"{to_batch} would leave a hole; restore an older checkpoint first, or roll back to {last_ckpt}"
+        )
+    output.mkdir(parents=True, exist_ok=True)
+    _atomic_write_json(output / ROLLBACK, {"to_batch": to_batch})
+    dropped = [b for b in committed_batches(output) if b > to_batch]
+    for batch in sorted(dropped, reverse=True):
+        (output / COMMITS / f"{batch}.json").unlink(missing_ok=True)
+    files = 0
+    for dataset in DATASETS:
+        for folder, _, names in os.walk(output / dataset):
+            for name in names:
+                match = _BATCH_FILE.match(name)
+                if match and int(match.group(1)) > to_batch:
+                    os.unlink(os.path.join(folder, name))
+                    files += 1
+    for side in (STAGING, PUBLISHING):
+        for entry in (output / side).glob("*") if (output / side).is_dir() else []:
+            if entry.name.split(".")[0].isdigit() and int(entry.name.split(".")[0]) > to_batch:
+                if entry.is_dir():
+                    shutil.rmtree(entry)
+                else:
+                    entry.unlink()
+    (output / ROLLBACK).unlink()
+    log.info(
+        "output %s rolled back to batch %d: %d batches, %d files removed",
+        output,
+        to_batch,
+        len(dropped),
+        files,
+    )
+    return RollbackResult(sorted(dropped), files)

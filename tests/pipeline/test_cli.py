@@ -31,3 +31,12 @@ def test_a_missing_broker_is_one_line_and_exit_1(tmp_path):
 def test_inspect_of_a_missing_output_says_so(tmp_path):
     done = sotw("pipeline", "inspect", str(tmp_path / "nothing"))
     assert done.returncode == 2 and "is not a directory" in done.stderr
+
+
+def test_rollback_behind_the_checkpoint_is_one_line_and_exit_2(tmp_path):
+    (tmp_path / "checkpoint" / "commits").mkdir(parents=True)
+    (tmp_path / "checkpoint" / "commits" / "4").write_text("v1\n{}")
+    done = sotw("pipeline", "rollback", str(tmp_path / "output"), "--to-batch", "2")
+    assert done.returncode == 2
+    assert "has committed batches up to 4: rolling the output back to 2 would leave a hole" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import psutil
@@ -243,3 +244,55 @@ def test_a_timeout_and_new_data_of_one_sensor_in_one_batch_are_both_published(
     assert [r["session"] for r in timeouts] == ["a"]
     # Both records were made in the same batch, by the two passes of one task.
     assert out["a"]["batch_id"] == out["b"]["batch_id"]
+
+
+def put_back_one_batch(checkpoint: Path) -> int:
+    """Make ``checkpoint`` what a backup taken just before its last batch would be; return that batch."""
+    last = max(int(p.name) for p in (checkpoint / "commits").iterdir() if p.name.isdigit())
+    for log in ("commits", "offsets"):
+        for name in (str(last), f".{last}.crc"):
+            (checkpoint / log / name).unlink(missing_ok=True)
+    version = last + 1  # the state version batch `last` committed
+    names = {f"{version}.{kind}" for kind in ("delta", "snapshot")}
+    for path in list((checkpoint / "state").rglob("*")):
+        if path.name in names or path.name.lstrip(".").removesuffix(".crc") in names:
+            path.unlink()
+    return last
+
+
+def test_a_checkpoint_restored_one_batch_back_is_refused_then_rolled_back_without_losing_rows(
+    spark, kafka, simulate, tmp_path
+):
+    from pipeline.errors import PipelineError
+    from pipeline.sinks import rollback
+
+    _, config = simulate(sensors=3, rows=20, duration_s=1.5, partitions=1, seed=31)
+    cfg = replace(
+        pipeline_config(kafka, config.topic_prefix, tmp_path / "restored"), max_offsets_per_trigger=800
+    )
+    query.run(spark, cfg)
+    last = put_back_one_batch(cfg.checkpoint)
+    assert last >= 2
+    simulate(
+        name="more",
+        sensors=3,
+        rows=20,
+        duration_s=1.5,
+        partitions=1,
+        seed=32,
+        topic_prefix=config.topic_prefix,
+    )
+
+    # The restart plans batch `last` again, over more offsets than the output's batch `last` holds.
+    with pytest.raises(PipelineError, match=rf"batch {last} is already in the output .* other offsets"):
+        query.run(spark, cfg)
+    removed = rollback(cfg.output, cfg.checkpoint, last - 1)
+    assert removed.batches == [last]
+    query.run(spark, cfg)
+
+    reference = replace(
+        pipeline_config(kafka, config.topic_prefix, tmp_path / "reference"), max_offsets_per_trigger=800
+    )
+    query.run(spark, reference)
+    for name in ("changes", "sessions", "integrity", "dead_letters"):
+        assert canon(rows_of(cfg.output, name)) == canon(rows_of(reference.output, name)), name

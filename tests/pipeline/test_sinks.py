@@ -11,11 +11,13 @@ from pipeline.records import Records, with_every_column
 from pipeline.sinks import (
     OWNER_FILE,
     PARTITIONS,
+    ROLLBACK,
     STAGING,
     WRITTEN_DDL,
     OutputWriter,
     check_consistency,
     committed_batches,
+    rollback,
     write_records,
 )
 
@@ -209,3 +211,29 @@ def test_a_batch_naming_one_staging_file_twice_is_refused_before_anything_moves(
 
     assert not (output / "changes").exists()
     assert committed_batches(output) == []
+
+
+def test_rollback_refuses_to_leave_a_hole_behind_the_checkpoint(tmp_path):
+    ckpt = _checkpoint(tmp_path, "q1", [0, 1, 2])
+    out = _output(tmp_path, "q1", [0, 1, 2, 3])
+    with pytest.raises(PipelineError, match="committed batches up to 2: rolling the output back to 1"):
+        rollback(out, ckpt, 1)
+    assert committed_batches(out) == [0, 1, 2, 3]
+
+
+def test_an_interrupted_rollback_blocks_the_start_until_it_is_run_again(tmp_path):
+    ckpt = _checkpoint(tmp_path, "q1", [0, 1])
+    out = _output(tmp_path, "q1", [0, 1, 2])
+    kept = out / "changes" / "sensor=s" / "date=2026-11-24" / "b1-p0-g1.parquet"
+    dropped = kept.with_name("b2-p0-g1.parquet")
+    kept.parent.mkdir(parents=True)
+    kept.write_bytes(b"batch 1")
+    dropped.write_bytes(b"batch 2")
+    (out / ROLLBACK).write_text(json.dumps({"to_batch": 1}))  # killed in the middle of a rollback
+
+    with pytest.raises(PipelineError, match=r"rollback to batch 1 that did not finish: run .*--to-batch 1"):
+        check_consistency(out, ckpt)
+    assert rollback(out, ckpt, 1).batches == [2]
+    check_consistency(out, ckpt)
+    assert committed_batches(out) == [0, 1]
+    assert kept.exists() and not dropped.exists()
