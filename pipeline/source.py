@@ -479,6 +479,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  #
         self._latest: dict[TP, int] = {}
         self._available_now = False
         self._target: dict[TP, int] | None = None
+        self._unreachable_since: float | None = None
 
     @property
     def broker(self) -> OffsetReader:
@@ -547,7 +548,11 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  #
         """
         begin = offsets_from_json(start)
         first_available_now = self._available_now and self._target is None
-        view = self.broker.look(set(begin), force_listing=first_available_now)
+        try:
+            view = self.broker.look(set(begin), force_listing=first_available_now)
+        except BrokerError as exc:
+            return self._wait_for_broker(start, exc)
+        self._unreachable_since = None
         fail = self._opts.fail_on_data_loss
         end: dict[TP, int] = {}
         origin: dict[TP, int] = {}  # where each partition's next read really begins, for the read limit
@@ -603,6 +608,27 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  #
             )
             end.update(capped)
         return offsets_to_json(end)
+
+    def _wait_for_broker(self, start: dict[str, Any], exc: BrokerError) -> dict[str, Any]:
+        """No new offsets while the broker does not answer, until ``kafkaConsumer.pollTimeoutMs`` has passed.
+
+        A frozen or restarting broker is an outage to ride out, as Kafka's own clients do: the query keeps
+        its position and runs no new data until the broker is back. Only an outage longer than the poll
+        time-out stops it.
+        """
+        now = time.monotonic()
+        if self._unreachable_since is None:
+            self._unreachable_since = now
+        waited = now - self._unreachable_since
+        if waited * 1000 > self._opts.poll_timeout_ms:
+            raise BrokerError(
+                f"{exc}; the broker has not answered for {waited:.0f} s, more than kafkaConsumer.pollTimeoutMs "
+                f"({self._opts.poll_timeout_ms} ms): stopping (raise it to wait out longer outages)"
+            ) from None
+        log.warning(
+            "the broker did not answer (%s); no new offsets this trigger (%.0f s so far)", exc, waited
+        )
+        return start
 
     def _vanished(self, tp: TP, pos: int) -> None:
         seen = self._seen_end.get(tp)
@@ -882,9 +908,17 @@ def _read_round(
         pos, stop = pending[tp]
         checked[tp] = time.monotonic()
         state = _partition_state(options, tp)
-        if state is None:
+        if state == GONE:
             report_data_loss(fail, tp[0], tp[1], pos, stop, "the topic or partition was deleted")
             finish(tp)
+            return
+        if isinstance(state, str):  # UNKNOWN: ask again at the next stall check, up to the poll time-out
+            if time.monotonic() - progress[0] > options.poll_timeout_ms / 1000:
+                raise SourceTimeoutError(
+                    f"no records from topic {tp[0]!r} partition {tp[1]} at offset {pos} within "
+                    f"{options.poll_timeout_ms} ms, and the broker did not answer whether they exist "
+                    "(raise kafkaConsumer.pollTimeoutMs to wait out longer broker outages)"
+                )
             return
         low, end = state
         if end <= pos:
@@ -958,20 +992,40 @@ def _read_round(
     consumer.unassign()
 
 
-def _partition_state(options: SourceOptions, tp: TP) -> tuple[int, int] | None:
-    """``(low, end)`` of one partition, asked afresh, or ``None`` if it no longer exists."""
-    from confluent_kafka import KafkaException
+GONE = "gone"
+"""``_partition_state``: the listing positively says the topic or partition no longer exists."""
+UNKNOWN = "unknown"
+"""``_partition_state``: the broker did not answer; a hang or a restart is not data loss."""
 
-    ends = EndOffsets(options.kafka, timeout=METADATA_TIMEOUT_S)
+
+def _partition_state(
+    options: SourceOptions, tp: TP, timeout: float = METADATA_TIMEOUT_S
+) -> tuple[int, int] | str:
+    """``(low, end)`` of one partition asked afresh, ``GONE`` if it no longer exists, ``UNKNOWN`` if unsure.
+
+    Only an answer that lists the topic without the partition (or lists the topic as unknown) proves it
+    gone; an error or a time-out proves nothing, and calling it data loss would stop a ``failOnDataLoss``
+    query on a broker that is merely slow, frozen or restarting.
+    """
+    from confluent_kafka import KafkaError, KafkaException
+
+    ends = EndOffsets(options.kafka, timeout=timeout)
     try:
-        metadata = ends.admin.list_topics(tp[0], timeout=METADATA_TIMEOUT_S)
+        metadata = ends.admin.list_topics(tp[0], timeout=timeout)
         topic = metadata.topics.get(tp[0])
-        if topic is None or topic.error is not None or tp[1] not in topic.partitions:
-            return None
+        if topic is None or (
+            topic.error is not None and topic.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+        ):
+            return GONE
+        if topic.error is not None:
+            log.warning("could not check %s/%d: %s", tp[0], tp[1], topic.error)
+            return UNKNOWN
+        if tp[1] not in topic.partitions:
+            return GONE
         return ends([tp])[tp]
     except (KafkaException, BrokerError) as exc:
-        log.warning("could not check %s/%d: %s", tp[0], tp[1], exc)
-        return None
+        log.warning("could not check %s/%d (the broker did not answer): %s", tp[0], tp[1], exc)
+        return UNKNOWN
 
 
 # --------------------------------------------------------------------------------------------- lag

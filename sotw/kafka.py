@@ -171,7 +171,18 @@ class EndOffsets:
                     for spec in (OffsetSpec.earliest(), OffsetSpec.latest())
                 ]
                 lows, highs = ({tp: f.result(timeout=left).offset for tp, f in fs.items()} for fs in asked)
-                return {(tp.topic, tp.partition): (lows[tp], highs[tp]) for tp in tps}
+                # A request that timed out (a frozen or restarting broker) comes back as offset -1001
+                # (OFFSET_INVALID) rather than as an error: never pass it on as a watermark.
+                unanswered = [tp for tp in tps if lows[tp] < 0 or highs[tp] < 0]
+                if not unanswered:
+                    return {(tp.topic, tp.partition): (lows[tp], highs[tp]) for tp in tps}
+                if time.monotonic() + 0.2 > deadline:
+                    first = unanswered[0]
+                    raise BrokerError(
+                        f"could not read offsets from the broker: no answer for {len(unanswered)} partitions "
+                        f"({first.topic}/{first.partition} first) within {self._timeout:g} s"
+                    )
+                time.sleep(0.2)
             except KafkaException as exc:
                 err = exc.args[0]
                 if not (hasattr(err, "retriable") and err.retriable()) or time.monotonic() + 0.2 > deadline:

@@ -445,3 +445,69 @@ def test_a_topic_recreated_after_it_was_fully_read_is_read_again_from_its_start(
     drain(df, tmp_path / "ckpt", tmp_path / "out")
     rows = rows_of(spark, tmp_path / "out")
     assert fresh <= rows and len(rows) == 90
+
+
+@pytest.fixture
+def frozen_broker() -> Any:
+    """A broker of the test's own that the test can freeze (SIGSTOP) and thaw, as a hung broker would be."""
+    import os
+    import signal
+
+    from sotw.broker import EmbeddedBroker
+
+    with EmbeddedBroker() as broker:
+        assert broker.process is not None
+        pid = broker.process.pid
+
+        def freeze(frozen: bool) -> None:
+            os.kill(pid, signal.SIGSTOP if frozen else signal.SIGCONT)
+
+        try:
+            yield KafkaConfig(broker.bootstrap), freeze
+        finally:
+            freeze(False)
+
+
+def test_a_broker_that_does_not_answer_is_not_taken_for_deleted_data(frozen_broker) -> None:
+    from pipeline.source import GONE, UNKNOWN, SourceOptions, _partition_state
+
+    kafka, freeze = frozen_broker
+    topic = f"frozen-{uuid.uuid4().hex[:6]}"
+    ensure_topics(kafka, {topic: 1})
+    produce(kafka, topic, 5)
+    options = SourceOptions.from_options({"kafka.bootstrap.servers": kafka.bootstrap, "subscribe": topic})
+    freeze(True)
+    assert _partition_state(options, (topic, 0), timeout=1.0) == UNKNOWN
+    freeze(False)
+    assert _partition_state(options, (topic, 0), timeout=10.0) == (0, 5)
+    assert _partition_state(options, (topic, 7), timeout=10.0) == GONE
+
+
+def test_the_driver_waits_out_a_frozen_broker_instead_of_failing_the_query(
+    frozen_broker, monkeypatch
+) -> None:
+    import pipeline.source as source
+    from sotw.errors import BrokerError
+
+    kafka, freeze = frozen_broker
+    topic = f"frozen-{uuid.uuid4().hex[:6]}"
+    ensure_topics(kafka, {topic: 1})
+    produce(kafka, topic, 5)
+    monkeypatch.setattr(source, "METADATA_TIMEOUT_S", 1.0)  # each look at the frozen broker gives up sooner
+    options = source.SourceOptions.from_options(
+        {
+            "kafka.bootstrap.servers": kafka.bootstrap,
+            "subscribe": topic,
+            "kafkaConsumer.pollTimeoutMs": "5000",
+        }
+    )
+    reader = source.KafkaStreamReader(options)
+    start = reader.initialOffset()
+    freeze(True)
+    assert reader.latestOffset(start, source.ReadAllAvailable()) == start  # no new offsets, no failure
+    time.sleep(4.5)
+    with pytest.raises(BrokerError, match="has not answered for .* more than kafkaConsumer.pollTimeoutMs"):
+        reader.latestOffset(start, source.ReadAllAvailable())
+    freeze(False)
+    produce(kafka, topic, 3, start=5)
+    assert offsets_from_json(reader.latestOffset(start, source.ReadAllAvailable())) == {(topic, 0): 8}
