@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -60,19 +60,39 @@ class KafkaReader:
             self._cache[key] = self._fetch(topic, partition, offset)
         return self._cache[key]
 
+    def find(self, topic: str, partition: int, start: int, end: int | None, sha256: str) -> int | None:
+        """The offset of the record in ``[start, end)`` whose value has SHA-256 ``sha256``, or None.
+
+        ``end`` None searches to the partition's end.
+        """
+        for msg in self._scan(topic, partition, start):
+            if end is not None and msg.offset() >= end:
+                return None
+            if msg.offset() >= start and hashlib.sha256(msg.value() or b"").hexdigest() == sha256:
+                return int(msg.offset())
+        return None
+
     def _fetch(self, topic: str, partition: int, offset: int) -> bytes | None:
+        for msg in self._scan(topic, partition, offset):
+            if msg.offset() == offset:
+                return bytes(msg.value() or b"")
+            if msg.offset() > offset:
+                return None
+        return None
+
+    def _scan(self, topic: str, partition: int, offset: int) -> Iterator[Any]:
+        """The partition's records from ``offset`` on (some before it, too), until its end or the time-out."""
         try:
             low, high = self._consumer.get_watermark_offsets(
                 TopicPartition(topic, partition), timeout=self._timeout
             )
         except KafkaException as exc:
             log.warning("cannot read watermarks of %s[%d]: %s", topic, partition, exc)
-            return None
-        if offset < low or high <= low:
-            return None
+            return
+        if high <= low:
+            return
         # Tansu's watermark is the last batch's base + 1: start at high - 1 to receive that whole batch.
-        start = offset if offset < high else high - 1
-        self._consumer.assign([TopicPartition(topic, partition, start)])
+        self._consumer.assign([TopicPartition(topic, partition, min(max(offset, low), high - 1))])
         deadline = time.monotonic() + self._timeout
         try:
             while time.monotonic() < deadline:
@@ -82,15 +102,11 @@ class KafkaReader:
                 err = msg.error()
                 if err is not None:
                     if err.code() == KafkaError._PARTITION_EOF or not err.retriable():
-                        return None
+                        return
                     continue
-                if msg.offset() == offset:
-                    return bytes(msg.value() or b"")
-                if msg.offset() > offset:
-                    return None
+                yield msg
         finally:
             self._consumer.unassign()
-        return None
 
 
 class Triager:
@@ -147,14 +163,18 @@ class Triager:
         if not sent.any():
             faults = ", ".join(sorted(set(copies["fault"].astype(str))))
             return Triage("producer", sent=False, delivered=False, detail=f"never sent (fault: {faults})")
-        delivered = copies[copies["delivered"].fillna(False).astype(bool) & copies["offset"].notna()]
-        if delivered.empty:
+        acked = copies[copies["delivered"].fillna(False).astype(bool)]
+        if acked.empty:
             errors = "; ".join(sorted({str(r["error"]) for r in _records(copies) if _present(r["error"])}))
             return Triage(
                 "producer", True, False, detail=f"sent but not acknowledged: {errors or 'no report'}"
             )
         if self._reader is None:
             return Triage("unknown", True, True, detail="delivered per the ledger; Kafka not checked")
+        delivered = acked[acked["offset"].notna()]
+        if delivered.empty:
+            # librdkafka acknowledges an idempotent retry the broker already had without an offset (-1001).
+            return self._search_kafka(acked)
         return self._check_kafka(delivered)
 
     def _ledger_copies(self, d: Discrepancy) -> pd.DataFrame | None:
@@ -194,6 +214,52 @@ class Triager:
                     "pipeline", True, True, True, detail=f"in Kafka at {where}; the pipeline lost it"
                 )
         return Triage("broker", True, True, False, detail="acknowledged but " + "; ".join(notes))
+
+    def _search_kafka(self, acked: pd.DataFrame) -> Triage:
+        """Look for a copy acknowledged without an offset between the offsets of its session's neighbours.
+
+        A session's copies go to one partition in the order they were produced, so the record, if the broker
+        kept it, lies between the last copy produced before it and the first produced after it that have
+        offsets.
+        """
+        assert self._reader is not None
+        notes = []
+        for r in _records(acked):
+            topic, partition = str(r["topic"]), int(r["partition"])
+            before, after = self._neighbour_offsets(r)
+            if before is None and after is None:
+                notes.append(f"no neighbour of seq {r['seq']} in {topic}[{partition}] has an offset")
+                continue
+            where = f"{topic}[{partition}] between offsets {before} and {after}"
+            found = self._reader.find(topic, partition, before or 0, after, str(r["value_sha256"]))
+            if found is not None:
+                return Triage(
+                    "pipeline", True, True, True,
+                    detail=f"acknowledged without an offset; in Kafka at {topic}[{partition}]@{found}; "
+                    "the pipeline lost it",
+                )  # fmt: skip
+            notes.append(f"not in {where}")
+        if any(n.startswith("not in") for n in notes):
+            return Triage(
+                "broker", True, True, False, detail="acknowledged without an offset but " + "; ".join(notes)
+            )
+        return Triage("unknown", True, True, detail="acknowledged without an offset; " + "; ".join(notes))
+
+    def _neighbour_offsets(self, copy: dict[str, Any]) -> tuple[int | None, int | None]:
+        """Offsets of the session's copies produced just before and just after ``copy`` (same partition)."""
+        ledger = self._ledger
+        same = ledger[
+            (ledger["session"] == copy["session"])
+            & (ledger["partition"] == copy["partition"])
+            & ledger["offset"].notna()
+            & ledger["sent_ts"].notna()
+        ]
+        earlier = same[same["sent_ts"] <= copy["sent_ts"]]["offset"]
+        later = same[same["sent_ts"] > copy["sent_ts"]]["offset"]
+        return (
+            int(earlier.max()) if len(earlier) else None,
+            int(later.min()) + 1 if len(later) else None,
+        )
 
 
 def _records(frame: pd.DataFrame) -> list[dict[str, Any]]:

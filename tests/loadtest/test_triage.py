@@ -99,3 +99,25 @@ def test_reader_finds_every_record_of_the_last_batch(
         assert reader.read(topic, 0, 50) is None
     finally:
         reader.close()
+
+
+def test_a_copy_acknowledged_without_an_offset_is_looked_for_between_its_neighbours(
+    tmp_path: Path, kafka: KafkaConfig, unique_prefix: Callable[[], str]
+) -> None:
+    # librdkafka reports an idempotent retry the broker already had as delivered with offset -1001, so the
+    # ledger has the copy as delivered with no offset; that is not the producer's fault.
+    kept = SessionSpec(session="s1", sensor=f"{unique_prefix()}1")
+    ensure_topics(kafka, {kept.topic: 1})
+    assert produce(kafka, kept.topic, [kept.value(s) for s in (0, 1, 2, 4)], b"s1") == [0, 1, 2, 3]
+    ledger = ledger_rows(kept, [(s, "none") for s in range(5)])
+    for row in ledger:
+        if row["seq"] in (2, 3):
+            row["offset"] = None  # both acknowledged without an offset; seq 3 never reached the broker
+    run = tmp_path / "run"
+    write_run(run, ledger, [kept])
+    with Triager(read_ledger(run), kafka) as triager:
+        in_kafka = triager.triage(Discrepancy("lost_row", "s1", "x", seq=2))
+        lost = triager.triage(Discrepancy("lost_row", "s1", "x", seq=3))
+    assert (in_kafka.layer, in_kafka.delivered, in_kafka.in_kafka) == ("pipeline", True, True)
+    assert "@2" in in_kafka.detail
+    assert (lost.layer, lost.delivered, lost.in_kafka) == ("broker", True, False)
