@@ -56,8 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--shuffle-partitions",
         type=int,
-        default=spark.shuffle_partitions,
-        help="state partitions, fixed at first start (%(default)s)",
+        default=None,
+        help=f"state partitions, fixed by the first start of a checkpoint (default {spark.shuffle_partitions}; "
+        "a restart with another count is refused)",
     )
     p.add_argument("--spark-ui", action="store_true", help="start the Spark web UI")
     p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="extra Spark setting")
@@ -99,12 +100,13 @@ def config_from_args(args: argparse.Namespace) -> PipelineConfig:
         spark=SparkConfig(
             master=args.master,
             driver_memory=args.driver_memory,
-            shuffle_partitions=args.shuffle_partitions,
+            shuffle_partitions=args.shuffle_partitions or SparkConfig.shuffle_partitions,
             ui=args.spark_ui,
             extra=extra,
         ),
         progress_path=args.progress,
         drop_batches=frozenset(args.drop_batch),
+        state_partitions=args.shuffle_partitions,
     )
 
 

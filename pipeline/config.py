@@ -63,6 +63,10 @@ class PipelineConfig:
     drop_batches
         Sabotage for the harness's self-test: these batch ids are committed without writing their records,
         as a buggy sink would. Never set it outside a drill.
+    state_partitions
+        The state partition count the user asked for (``--shuffle-partitions``), if any: a checkpoint that
+        was started with another count is refused, since its state cannot be re-split. None takes the
+        checkpoint's own count (``spark.shuffle_partitions`` for a new checkpoint).
     """
 
     kafka: KafkaConfig
@@ -79,6 +83,7 @@ class PipelineConfig:
     spark: SparkConfig = field(default_factory=SparkConfig)
     progress_path: Path | None = None
     drop_batches: frozenset[int] = frozenset()
+    state_partitions: int | None = None
 
     def __post_init__(self) -> None:
         try:

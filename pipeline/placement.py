@@ -102,6 +102,25 @@ def _offset_log_partitions(checkpoint: Path) -> int | None:
         ) from None
 
 
+def check_state_partitions(checkpoint: Path, requested: int | None) -> None:
+    """Refuse a state partition count the checkpoint was not started with.
+
+    Spark fixes ``spark.sql.shuffle.partitions`` into a stateful query's checkpoint at its first batch and
+    silently keeps it on every restart; a user who asked for another count must hear that it was not taken.
+    """
+    if requested is None:
+        return
+    record = checkpoint / PLACEMENT_FILE
+    recorded = int(json.loads(record.read_text())["partitions"]) if record.is_file() else None
+    recorded = recorded if recorded is not None else _offset_log_partitions(checkpoint)
+    if recorded is not None and recorded != requested:
+        raise PipelineError(
+            f"--shuffle-partitions {requested} does not match the checkpoint {checkpoint}, whose state is split "
+            f"into {recorded} partitions and cannot be re-split on a restart: leave the setting out or give "
+            f"{recorded}, or start a new --checkpoint and --output to run with {requested}"
+        )
+
+
 def placement_partitions(spark: Any, checkpoint: Path) -> int:
     """The partition count the slots are computed with; recorded in the checkpoint once batches exist.
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,10 @@ def process_tree_rss() -> dict[str, int]:
         out["jvm" if "java" in name else "python_workers"] += rss
     return out
 
+
+IDLE_EVERY_S = 60.0
+"""An idle trigger (no input, no state change) is recorded at most this often: with a session timeout Spark
+runs one every trigger, and a line each would grow the log by tens of thousands of lines a day."""
 
 MESSAGES = "sotw_input_messages"
 """The progress field with the Kafka messages a batch consumed (``numInputRows`` counts packed rows)."""
@@ -65,6 +70,15 @@ def _rate(progress: dict[str, Any], name: str) -> float:
     rate = float(progress.get(name) or 0.0)
     rows = progress.get("numInputRows") or 0
     return rate * input_messages(progress) / rows if rows else rate
+
+
+def _idle(progress: dict[str, Any]) -> bool:
+    """Whether a trigger read nothing and changed no state (a no-data batch in which no session timed out)."""
+    if progress.get("numInputRows"):
+        return False
+    return not any(
+        op.get("numRowsUpdated") or op.get("numRowsRemoved") for op in progress.get("stateOperators") or []
+    )
 
 
 def _add_lag_metrics(progress: dict[str, Any]) -> None:
@@ -109,6 +123,7 @@ class ProgressLog(StreamingQueryListener):  # type: ignore[misc]
         self.on_progress = on_progress
         self._lock = threading.Lock()
         self._bridge: Any = None
+        self._idle_recorded = -IDLE_EVERY_S
         path.parent.mkdir(parents=True, exist_ok=True)
 
     @property
@@ -140,6 +155,11 @@ class ProgressLog(StreamingQueryListener):  # type: ignore[misc]
         progress = json.loads(progress_json)
         if self.query_name is not None and progress.get("name") != self.query_name:
             return
+        if _idle(progress):
+            now = time.monotonic()
+            if now - self._idle_recorded < IDLE_EVERY_S:
+                return
+            self._idle_recorded = now
         _add_lag_metrics(progress)
         if self.messages_of is not None and progress.get("batchId") is not None:
             messages = self.messages_of(int(progress["batchId"]))

@@ -17,7 +17,7 @@ from typing import Any
 
 from pipeline.config import PipelineConfig
 from pipeline.errors import IntegrityStopped, PipelineError
-from pipeline.placement import placement_partitions
+from pipeline.placement import check_state_partitions, placement_partitions
 from pipeline.progress import ProgressLog
 from pipeline.reconstruct import NO_DATA_BATCHES, reconstruct
 from pipeline.sinks import OutputWriter, check_consistency
@@ -48,6 +48,7 @@ def query_name(config: PipelineConfig) -> str:
 def start_query(spark: Any, config: PipelineConfig, writer: OutputWriter | None = None) -> Any:
     """Build and start the query; the caller owns stopping it."""
     check_consistency(config.output, config.checkpoint)
+    check_state_partitions(config.checkpoint, config.state_partitions)
     records = reconstruct(
         read_source(spark, config),
         config.policy,

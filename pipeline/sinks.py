@@ -47,6 +47,11 @@ COMMITS = "_commits"
 STAGING = "_staging"
 PUBLISHING = "_publishing"
 ROLLBACK = "_rollback.json"
+RETAIN_EMPTY_MARKERS = 100
+"""How many of the latest batches keep their marker although they wrote nothing (Spark's own
+``minBatchesToRetain`` default). With a session timeout Spark runs a batch every trigger even when no data
+arrives; a marker per idle trigger would pile up about 86,000 files a day. Markers of batches that wrote rows
+are kept: they make those rows visible and date them."""
 HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
 """How a Hive partition directory names a null value (pyarrow's default ``null_fallback``)."""
 
@@ -149,7 +154,11 @@ def _atomic_write_json(path: Path, payload: dict[str, Any]) -> None:
 
 
 def committed_batches(output: Path) -> list[int]:
-    """Batch ids that are fully written to ``output``, ascending."""
+    """Batch ids whose commit marker exists, ascending.
+
+    Every batch that wrote rows keeps its marker; of the batches that wrote nothing only the latest
+    ``RETAIN_EMPTY_MARKERS`` do.
+    """
     folder = output / COMMITS
     if not folder.is_dir():
         return []
@@ -306,12 +315,21 @@ class OutputWriter:
         The query's checkpoint; its query id is recorded in the output on the first batch.
     drop_batches
         Batches committed without writing their records (``--drop-batch``, the harness's self-test).
+    retain_empty
+        How many of the latest batches keep their marker although they wrote nothing.
     """
 
-    def __init__(self, output: Path, checkpoint: Path, drop_batches: frozenset[int] = frozenset()) -> None:
+    def __init__(
+        self,
+        output: Path,
+        checkpoint: Path,
+        drop_batches: frozenset[int] = frozenset(),
+        retain_empty: int = RETAIN_EMPTY_MARKERS,
+    ) -> None:
         self.output = output
         self.checkpoint = checkpoint
         self.drop_batches = drop_batches
+        self.retain_empty = retain_empty
         self.last: BatchStats | None = None
         self._messages: dict[int, int] = {}
         self._owner_checked = False
@@ -440,6 +458,17 @@ class OutputWriter:
         journal.unlink(missing_ok=True)
         self._remember(batch_id, messages)
         self.last = BatchStats(batch_id, rows, committed_ms, messages)
+        self._forget_empty(batch_id - self.retain_empty)
+
+    def _forget_empty(self, batch_id: int) -> None:
+        """Remove ``batch_id``'s marker if that batch wrote nothing: only recent markers matter for recovery."""
+        old = self.output / COMMITS / f"{batch_id}.json"
+        try:
+            content = json.loads(old.read_text())
+        except (OSError, ValueError):
+            return
+        if not any((content.get("rows") or {}).values()):
+            old.unlink(missing_ok=True)
 
 
 _BATCH_FILE = re.compile(r"^b(\d+)-")

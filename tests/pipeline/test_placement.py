@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 
 from pipeline.errors import PipelineError
-from pipeline.placement import PLACEMENT_FILE, placement_partitions, slot, state_partition
+from pipeline.placement import (
+    PLACEMENT_FILE,
+    check_state_partitions,
+    placement_partitions,
+    slot,
+    state_partition,
+)
 
 
 def placed(spark, topics_and_keys, partitions):
@@ -77,3 +83,16 @@ def test_an_unreadable_offset_log_is_reported_as_a_damaged_checkpoint(spark, tmp
         PipelineError, match=r"ckpt is damaged: cannot read the state partition count from .*/3"
     ):
         placement_partitions(spark, tmp_path / "ckpt")
+
+
+def test_a_restart_asking_for_another_state_partition_count_is_refused_naming_both(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    check_state_partitions(ckpt, 4)  # a new checkpoint takes whatever is asked
+    (ckpt / "offsets").mkdir(parents=True)
+    (ckpt / "offsets" / "0").write_text('v1\n{"conf":{"spark.sql.shuffle.partitions":"2"}}\n{}\n')
+    check_state_partitions(ckpt, None)
+    check_state_partitions(ckpt, 2)
+    with pytest.raises(
+        PipelineError, match=r"--shuffle-partitions 4 .* split into 2 partitions .* new --checkpoint"
+    ):
+        check_state_partitions(ckpt, 4)

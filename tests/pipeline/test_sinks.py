@@ -237,3 +237,15 @@ def test_an_interrupted_rollback_blocks_the_start_until_it_is_run_again(tmp_path
     check_consistency(out, ckpt)
     assert committed_batches(out) == [0, 1]
     assert kept.exists() and not dropped.exists()
+
+
+def test_markers_of_batches_that_wrote_nothing_are_kept_only_for_the_latest_batches(tmp_path, spark):
+    output = tmp_path / "output"
+    writer = OutputWriter(output, tmp_path / "checkpoint", retain_empty=3)
+    nothing = spark.createDataFrame([], WRITTEN_DDL)
+    for batch in range(6):
+        writer(nothing, batch)
+    writer(_batch_staging_on_collect(spark, output / STAGING / "6", "1"), 6)  # wrote rows: kept for good
+    for batch in range(7, 12):
+        writer(nothing, batch)
+    assert committed_batches(output) == [6, 9, 10, 11]
