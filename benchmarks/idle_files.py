@@ -48,6 +48,7 @@ def main() -> int:
                 topic, key=f"s{k}".encode(), value=encode_snapshot("sensor-0001", f"s{k}", 0, 0, rows)
             )
         producer.flush(10)
+        del producer  # before the broker stops, so the client does not log the disconnection
         output, checkpoint = work / "output", work / "checkpoint"
         argv = [
             sys.executable, "-m", "sotw", "pipeline", "--bootstrap", kafka.bootstrap, "--pattern", "idle-.*",
@@ -75,7 +76,7 @@ def main() -> int:
                 }
                 samples.append(sample)
                 print(
-                    f"{sample['minutes']:6.2f} min  batch {sample['batches']:5}  output files "
+                    f"{sample['minutes']:6.2f} min  batches {sample['batches']:5}  output files "
                     f"{sample['output_files']:5}  checkpoint files {sample['checkpoint_files']:5}  "
                     f"progress lines {sample['progress_lines']:5}",
                     flush=True,

@@ -49,6 +49,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="stop if offsets still needed are gone (default: on)",
     )
     p.add_argument("--discovery-interval", default="5s", help="how often new topics are looked for (5s)")
+    p.add_argument(
+        "--storage-retry",
+        default="10min",
+        help="how long the checkpoint or output may refuse writes before the pipeline stops; it restarts "
+        "the query from its checkpoint once they are writable (10min)",
+    )
     p.add_argument("--source", choices=SOURCES, default="sotw-kafka", help="Kafka reader (sotw-kafka)")
     spark = SparkConfig()
     p.add_argument("--master", default=spark.master, help="Spark master (%(default)s)")
@@ -72,8 +78,11 @@ def config_from_args(args: argparse.Namespace) -> PipelineConfig:
     """Turn parsed flags into a ``PipelineConfig`` (the only place flags become configuration)."""
     timeout_ms = parse_trigger(args.session_timeout)
     discovery_ms = parse_trigger(args.discovery_interval)
-    if timeout_ms is None or discovery_ms is None:
-        raise ValueError("--session-timeout and --discovery-interval need a duration such as 30s")
+    storage_ms = parse_trigger(args.storage_retry)
+    if timeout_ms is None or discovery_ms is None or storage_ms is None:
+        raise ValueError(
+            "--session-timeout, --discovery-interval and --storage-retry need a duration such as 30s"
+        )
     extra: dict[str, str] = {}
     for item in args.conf:
         key, sep, value = item.partition("=")
@@ -107,6 +116,7 @@ def config_from_args(args: argparse.Namespace) -> PipelineConfig:
         progress_path=args.progress,
         drop_batches=frozenset(args.drop_batch),
         state_partitions=args.shuffle_partitions,
+        storage_retry_s=storage_ms / 1000,
     )
 
 

@@ -63,6 +63,9 @@ class PipelineConfig:
     drop_batches
         Sabotage for the harness's self-test: these batch ids are committed without writing their records,
         as a buggy sink would. Never set it outside a drill.
+    storage_retry_s
+        How long one outage of the checkpoint or output storage (not writable, full) may last: the query is
+        started again from its checkpoint once it is writable; after this long the pipeline stops.
     state_partitions
         The state partition count the user asked for (``--shuffle-partitions``), if any: a checkpoint that
         was started with another count is refused, since its state cannot be re-split. None takes the
@@ -84,6 +87,7 @@ class PipelineConfig:
     progress_path: Path | None = None
     drop_batches: frozenset[int] = frozenset()
     state_partitions: int | None = None
+    storage_retry_s: float = 600.0
 
     def __post_init__(self) -> None:
         try:

@@ -86,3 +86,15 @@ def _rebuild_violation(fields: dict[str, object]) -> IntegrityViolation:
 
 class IntegrityStopped(PipelineError):
     """The driver's view of an ``IntegrityViolation``: the query stopped, and the message is the worker's line."""
+
+
+class StorageUnavailable(PipelineError):
+    """The checkpoint or the output could not be written (not permitted, read-only, full).
+
+    No input is skipped: the failed batch is not committed, so the query resumes from the checkpoint once
+    the storage takes writes again. ``path`` is the file that could not be written.
+    """
+
+    def __init__(self, message: str, path: str) -> None:
+        super().__init__(message)
+        self.path = path

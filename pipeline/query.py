@@ -8,15 +8,18 @@ an integrity violation inside a Python worker back into one clear ``PipelineErro
 from __future__ import annotations
 
 import logging
+import os
 import re
+import tempfile
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from pipeline.config import PipelineConfig
-from pipeline.errors import IntegrityStopped, PipelineError
+from pipeline.errors import IntegrityStopped, PipelineError, StorageUnavailable
 from pipeline.placement import check_state_partitions, placement_partitions
 from pipeline.progress import ProgressLog
 from pipeline.reconstruct import NO_DATA_BATCHES, reconstruct
@@ -73,6 +76,11 @@ def start_query(spark: Any, config: PipelineConfig, writer: OutputWriter | None 
 
 
 _VIOLATION = re.compile(r"(IntegrityViolation|DataLossError|PipelineError): (.+?)(?:\n|$)")
+# How Java and Python name a file that cannot be written: "<path> (Operation not permitted)" and the like.
+_STORAGE = re.compile(
+    r"(/[^\s:()'\"]+)'? ?\(?(Operation not permitted|Permission denied|Read-only file system|"
+    r"No space left on device|Disk quota exceeded)"
+)
 
 
 def explain_failure(exc: BaseException) -> PipelineError:
@@ -82,6 +90,14 @@ def explain_failure(exc: BaseException) -> PipelineError:
     first line (sensor, session, topic, partition, offset, expected and received seq), not the trace.
     """
     text = str(exc)
+    storage = _STORAGE.search(text)
+    if storage:
+        path, reason = storage.groups()
+        return StorageUnavailable(
+            f"cannot write {path} ({reason}); the batch was not committed, so no input is skipped: the query "
+            "resumes from its checkpoint once the storage takes writes again",
+            path,
+        )
     if "STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE" in text:
         return PipelineError(
             "the checkpoint's state is keyed differently from this pipeline's (it was written by another query, or "
@@ -125,20 +141,54 @@ def run(
 ) -> RunResult:
     """Run the query until it drains (availableNow), ``stop`` is set, or it fails.
 
+    A checkpoint or output that stops taking writes (``StorageUnavailable``) does not end the run at once:
+    the query is started again from its checkpoint once the storage is writable, for up to
+    ``config.storage_retry_s`` per outage, as a supervisor would restart it.
+
     Raises
     ------
     PipelineError
         If the query failed; ``IntegrityStopped`` when the strict policy stopped it.
     """
     stop = stop or threading.Event()
-    writer = OutputWriter(config.output, config.checkpoint, config.drop_batches)
-    listener = ProgressLog(config.progress_file, query_name(config), on_progress, writer.messages_of)
+    listener = ProgressLog(config.progress_file, query_name(config), on_progress)
     spark.streams.addListener(listener)
     try:
-        query = start_query(spark, config, writer)
-    except BaseException:
+        while True:
+            try:
+                return _run_query(spark, config, stop, listener)
+            except StorageUnavailable as exc:
+                log.warning("%s; waiting up to %g s for it", exc, config.storage_retry_s)
+                _wait_writable(Path(exc.path).parent, config.storage_retry_s, stop, exc)
+                log.warning("storage writable again: restarting the query from its checkpoint")
+    finally:
         spark.streams.removeListener(listener)
-        raise
+
+
+def _wait_writable(folder: Path, patience_s: float, stop: threading.Event, cause: StorageUnavailable) -> None:
+    """Return once a file can be created in ``folder`` (or it is gone); re-raise ``cause`` after ``patience_s``."""
+    deadline = time.monotonic() + patience_s
+    while not stop.is_set():
+        if not folder.is_dir():
+            return  # a temporary directory of the failed attempt: nothing to wait for
+        try:
+            handle, name = tempfile.mkstemp(prefix=".sotw-probe-", dir=folder)
+        except OSError:
+            if time.monotonic() >= deadline:
+                raise cause from None
+            stop.wait(1.0)
+            continue
+        os.close(handle)
+        os.unlink(name)
+        return
+    raise cause
+
+
+def _run_query(spark: Any, config: PipelineConfig, stop: threading.Event, listener: ProgressLog) -> RunResult:
+    """One start of the query, until it drains, ``stop`` is set, or it fails."""
+    writer = OutputWriter(config.output, config.checkpoint, config.drop_batches)
+    listener.messages_of = writer.messages_of
+    query = start_query(spark, config, writer)
     stopped_by = "drained"
     try:
         while True:
@@ -156,9 +206,6 @@ def run(
             raise
         raise explain_failure(exc) from None
     finally:
-        try:
-            if query.isActive:
-                query.stop()
-        finally:
-            spark.streams.removeListener(listener)
+        if query.isActive:
+            query.stop()
     return RunResult(last_batch=None if writer.last is None else writer.last.batch_id, stopped_by=stopped_by)

@@ -71,3 +71,7 @@ def setup_logging(args: argparse.Namespace) -> None:
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)-7s %(name)s: %(message)s", force=True)
     # librdkafka and py4j are chatty at INFO.
     logging.getLogger("py4j").setLevel(logging.WARNING)
+    # A failed foreachBatch call is logged by py4j with the whole JVM stack, then reported again by the
+    # pipeline in one line (pipeline.query.explain_failure): keep the stack for -v.
+    if not getattr(args, "verbose", 0):
+        logging.getLogger("py4j.clientserver").setLevel(logging.CRITICAL)
