@@ -1,0 +1,710 @@
+"""Game-day incidents: what goes wrong in production, done on purpose at a set time during a run.
+
+A drill (or a profile) lists incidents, each ``at_s`` seconds into the steady phase with a duration or
+parameters. Each kind is a small frozen dataclass that checks its parameters when it is read and acts on the
+running system through a ``Stage`` (the simulator, the pipeline process, the broker, the checkpoint) when it
+begins and when it ends; ``Schedule`` carries them out on a thread of its own, so a slow action (a graceful
+stop, a broker restart) does not hold up the run's clock, and records each one's window on the timeline that
+the report shades and the recovery measurements start from.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import shlex
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Protocol
+
+from loadtest.errors import HarnessError
+from simulator.config import FaultConfig, SimulatorError
+
+log = logging.getLogger(__name__)
+
+
+class BrokerControl(Protocol):
+    """The incident operations a broker offers (the embedded one, or a cluster driven by commands)."""
+
+    def pause(self) -> None:
+        """Freeze the broker (it stops answering, connections stay open)."""
+
+    def resume(self) -> None:
+        """Thaw a frozen broker."""
+
+    def stop(self) -> None:
+        """Stop the broker process."""
+
+    def start(self, keep_data: bool) -> None:
+        """Start it again on the same address; ``keep_data=False`` comes back without its records."""
+
+
+class Stage(Protocol):
+    """The running parts of one run that incidents act on."""
+
+    @property
+    def broker(self) -> BrokerControl | None:
+        """The broker's controls; None when the run cannot touch its broker."""
+
+    @property
+    def checkpoint(self) -> Path:
+        """The pipeline's checkpoint directory."""
+
+    @property
+    def base_load_factor(self) -> float:
+        """The run's load factor, which load incidents return to."""
+
+    def set_load_factor(self, factor: float) -> None:
+        """Change the simulator's load factor now."""
+
+    def set_faults(self, faults: FaultConfig | None, sensor: str | None = None) -> None:
+        """Change fault rates for all sensors or one; None gives a sensor back the profile's rates."""
+
+    def profile_faults(self) -> FaultConfig:
+        """The profile's global fault rates."""
+
+    def add_sensors(self, count: int) -> list[str]:
+        """Have ``count`` new sensors join now; return their ids."""
+
+    def kill_pipeline(self) -> None:
+        """Send SIGKILL to the pipeline's whole process tree at once, as a crash would."""
+
+    def stop_pipeline(self) -> int | None:
+        """Stop the pipeline gracefully (SIGTERM, as a deploy does); return its exit code."""
+
+    def start_pipeline(self, changes: Mapping[str, Any]) -> None:
+        """Start the pipeline again on the same checkpoint, with ``changes`` to its settings."""
+
+
+def _number(where: str, value: Any, minimum: float = 0.0) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < minimum:
+        raise HarnessError(f"{where} must be a number >= {minimum:g}, got {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class Incident:
+    """One scheduled incident: when it starts (seconds into the steady phase) and its name on the timeline.
+
+    Subclasses set ``kind`` and add their parameters; ``duration`` is how long the incident lasts (0 for one
+    that happens at an instant, like a sensor storm).
+    """
+
+    kind: ClassVar[str] = ""
+    at_s: float = 0.0
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        _number(f"incident {self.kind}: at_s", self.at_s)
+
+    @property
+    def label(self) -> str:
+        """How the timeline, the charts and the scorecard name this incident."""
+        return self.name or self.kind
+
+    @property
+    def duration(self) -> float:
+        """Seconds from ``begin`` to ``end``."""
+        return 0.0
+
+    def begin(self, stage: Stage) -> str:
+        """Start the incident; return what was done, for the timeline."""
+        raise NotImplementedError
+
+    def tick(self, stage: Stage, into_s: float) -> None:
+        """Called about once a second while the incident lasts (ramps change rates here)."""
+
+    def end(self, stage: Stage) -> str:
+        """End the incident; return what was done."""
+        return "over"
+
+    def close(self, stage: Stage) -> None:
+        """Undo whatever ``begin`` left behind if the run ends before ``end`` (never leave a broker frozen)."""
+
+
+@dataclass(frozen=True)
+class PipelineKill(Incident):
+    """kill -9 of the pipeline's process tree (driver, JVM, Python workers), restarted after a while."""
+
+    kind: ClassVar[str] = "pipeline_kill"
+    restart_after_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _number("pipeline_kill: restart_after_s", self.restart_after_s)
+
+    @property
+    def duration(self) -> float:
+        """Until the restart."""
+        return self.restart_after_s
+
+    def begin(self, stage: Stage) -> str:
+        """Kill the pipeline."""
+        stage.kill_pipeline()
+        return "pipeline killed (SIGKILL to its process tree)"
+
+    def end(self, stage: Stage) -> str:
+        """Start it again on the same checkpoint."""
+        stage.start_pipeline({})
+        return "pipeline restarted on the same checkpoint"
+
+
+@dataclass(frozen=True)
+class PipelineRestart(Incident):
+    """A deploy: graceful stop, optionally a pause, and a start with changed settings.
+
+    ``settings`` changes the harness's pipeline settings for the new start (``trigger = "2s"`` works; a
+    change the checkpoint cannot take, such as ``shuffle_partitions``, must be refused by the pipeline).
+    """
+
+    kind: ClassVar[str] = "pipeline_restart"
+    downtime_s: float = 0.0
+    settings: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _number("pipeline_restart: downtime_s", self.downtime_s)
+
+    @property
+    def duration(self) -> float:
+        """The time between stop and start."""
+        return self.downtime_s
+
+    def begin(self, stage: Stage) -> str:
+        """Stop the pipeline gracefully."""
+        code = stage.stop_pipeline()
+        return f"pipeline stopped gracefully (exit code {code})"
+
+    def end(self, stage: Stage) -> str:
+        """Start it with the new settings."""
+        stage.start_pipeline(self.settings)
+        changed = ", ".join(f"{k}={v}" for k, v in self.settings.items()) or "unchanged settings"
+        return f"pipeline started again ({changed})"
+
+
+@dataclass(frozen=True)
+class BrokerPause(Incident):
+    """The broker freezes (SIGSTOP) and thaws (SIGCONT): a hung broker, a long GC pause, a partition."""
+
+    kind: ClassVar[str] = "broker_pause"
+    duration_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _number("broker_pause: duration_s", self.duration_s)
+
+    @property
+    def duration(self) -> float:
+        """How long the broker stays frozen."""
+        return self.duration_s
+
+    def begin(self, stage: Stage) -> str:
+        """Freeze the broker."""
+        _broker(stage, self.kind).pause()
+        return "broker frozen (SIGSTOP)"
+
+    def end(self, stage: Stage) -> str:
+        """Thaw it."""
+        _broker(stage, self.kind).resume()
+        return "broker thawed (SIGCONT)"
+
+    def close(self, stage: Stage) -> None:
+        """Never leave the broker frozen."""
+        if stage.broker is not None:
+            stage.broker.resume()
+
+
+@dataclass(frozen=True)
+class BrokerRestart(Incident):
+    """The broker stops and starts again keeping its data (the embedded broker must be durable)."""
+
+    kind: ClassVar[str] = "broker_restart"
+    downtime_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _number("broker_restart: downtime_s", self.downtime_s)
+
+    @property
+    def duration(self) -> float:
+        """How long the broker is down."""
+        return self.downtime_s
+
+    def begin(self, stage: Stage) -> str:
+        """Stop the broker."""
+        _broker(stage, self.kind).stop()
+        return "broker stopped"
+
+    def end(self, stage: Stage) -> str:
+        """Start it again with its data."""
+        _broker(stage, self.kind).start(keep_data=True)
+        return "broker started again with its data"
+
+
+@dataclass(frozen=True)
+class BrokerDataLoss(Incident):
+    """The broker comes back without the records it acknowledged (the memory broker restarted)."""
+
+    kind: ClassVar[str] = "broker_data_loss"
+    downtime_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _number("broker_data_loss: downtime_s", self.downtime_s)
+
+    @property
+    def duration(self) -> float:
+        """How long the broker is down."""
+        return self.downtime_s
+
+    def begin(self, stage: Stage) -> str:
+        """Stop the broker."""
+        _broker(stage, self.kind).stop()
+        return "broker stopped"
+
+    def end(self, stage: Stage) -> str:
+        """Start it again, empty."""
+        _broker(stage, self.kind).start(keep_data=False)
+        return "broker started again without its data"
+
+
+@dataclass(frozen=True)
+class Load(Incident):
+    """A burst (``factor`` for ``duration_s``) or a ramp (to ``ramp_to`` over ``ramp_s``, then held).
+
+    Factors multiply the profile's 1x rate, like ``--load``; at the end the run's own factor is restored.
+    """
+
+    kind: ClassVar[str] = "load"
+    factor: float | None = None
+    ramp_to: float | None = None
+    ramp_s: float = 0.0
+    duration_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if (self.factor is None) == (self.ramp_to is None):
+            raise HarnessError("incident load needs exactly one of factor (a burst) and ramp_to (a ramp)")
+        _number("load: factor or ramp_to", self.factor if self.factor is not None else self.ramp_to, 0.01)
+        _number("load: ramp_s", self.ramp_s)
+        _number("load: duration_s", self.duration_s)
+        if self.ramp_s > self.duration_s:
+            raise HarnessError(
+                f"load: ramp_s ({self.ramp_s:g}) must not exceed duration_s ({self.duration_s:g})"
+            )
+
+    @property
+    def duration(self) -> float:
+        """The burst, or the ramp and its hold."""
+        return self.duration_s
+
+    def _factor_at(self, stage: Stage, into_s: float) -> float:
+        if self.factor is not None:
+            return self.factor
+        assert self.ramp_to is not None
+        base = stage.base_load_factor
+        share = 1.0 if self.ramp_s <= 0 else min(1.0, into_s / self.ramp_s)
+        return base + (self.ramp_to - base) * share
+
+    def begin(self, stage: Stage) -> str:
+        """Set the first factor."""
+        factor = self._factor_at(stage, 0.0)
+        stage.set_load_factor(factor)
+        if self.factor is not None:
+            return f"load {factor:g}x"
+        return f"load ramping from {stage.base_load_factor:g}x to {self.ramp_to:g}x over {self.ramp_s:g} s"
+
+    def tick(self, stage: Stage, into_s: float) -> None:
+        """Follow the ramp."""
+        if self.ramp_to is not None:
+            stage.set_load_factor(self._factor_at(stage, into_s))
+
+    def end(self, stage: Stage) -> str:
+        """Back to the run's own factor."""
+        stage.set_load_factor(stage.base_load_factor)
+        return f"load back to {stage.base_load_factor:g}x"
+
+    def close(self, stage: Stage) -> None:
+        """Back to the run's own factor."""
+        stage.set_load_factor(stage.base_load_factor)
+
+
+@dataclass(frozen=True)
+class Faults(Incident):
+    """Fault rates for a window, for every sensor or for the listed ones, optionally ramped in.
+
+    With ``ramp_s`` the rates grow linearly from the profile's to ``faults`` over that time. At the end the
+    sensors get the profile's rates back (per-sensor rates of other sensors are left alone).
+    """
+
+    kind: ClassVar[str] = "faults"
+    faults: FaultConfig = field(default_factory=FaultConfig)
+    sensors: tuple[str, ...] = ()
+    ramp_s: float = 0.0
+    duration_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _number("faults: ramp_s", self.ramp_s)
+        _number("faults: duration_s", self.duration_s)
+
+    @property
+    def duration(self) -> float:
+        """The window."""
+        return self.duration_s
+
+    def _apply(self, stage: Stage, share: float) -> None:
+        base = stage.profile_faults()
+        rates = self.faults if share >= 1.0 else _blend(base, self.faults, share)
+        for sensor in self.sensors or (None,):
+            stage.set_faults(rates, sensor)
+
+    def begin(self, stage: Stage) -> str:
+        """Switch the rates on (or start the ramp)."""
+        self._apply(stage, 0.0 if self.ramp_s > 0 else 1.0)
+        who = ", ".join(self.sensors) if self.sensors else "every sensor"
+        rates = ", ".join(f"{k}={v:g}" for k, v in _rates(self.faults).items() if v)
+        return f"faults {rates or 'off'} for {who}" + (
+            f", ramped in over {self.ramp_s:g} s" if self.ramp_s else ""
+        )
+
+    def tick(self, stage: Stage, into_s: float) -> None:
+        """Follow the ramp."""
+        if self.ramp_s > 0 and into_s <= self.ramp_s + 1.0:
+            self._apply(stage, min(1.0, into_s / self.ramp_s))
+
+    def end(self, stage: Stage) -> str:
+        """Give the sensors the profile's rates back."""
+        self.close(stage)
+        return "faults back to the profile's"
+
+    def close(self, stage: Stage) -> None:
+        """Give the sensors the profile's rates back."""
+        if self.sensors:
+            for sensor in self.sensors:
+                stage.set_faults(None, sensor)
+        else:
+            stage.set_faults(stage.profile_faults())
+
+
+def _rates(faults: FaultConfig) -> dict[str, float]:
+    return {k: getattr(faults, k) for k in ("gap", "duplicate", "delayed", "malformed", "abandon")}
+
+
+def _blend(start: FaultConfig, stop: FaultConfig, share: float) -> FaultConfig:
+    """Rates ``share`` of the way from ``start`` to ``stop`` (delays taken from ``stop``)."""
+    mixed = {
+        k: a + (b - a) * share for (k, a), b in zip(_rates(start).items(), _rates(stop).values(), strict=True)
+    }
+    return dataclasses.replace(stop, **mixed)
+
+
+@dataclass(frozen=True)
+class SensorStorm(Incident):
+    """Many sensors join at once: new topics for the pipeline to discover under load."""
+
+    kind: ClassVar[str] = "sensor_storm"
+    sensors: int = 20
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if isinstance(self.sensors, bool) or not isinstance(self.sensors, int) or self.sensors < 1:
+            raise HarnessError(f"sensor_storm: sensors must be a whole number >= 1, got {self.sensors!r}")
+
+    def begin(self, stage: Stage) -> str:
+        """Add the sensors."""
+        joined = stage.add_sensors(self.sensors)
+        return f"{len(joined)} sensors joined ({joined[0]} .. {joined[-1]})" if joined else "no sensor joined"
+
+
+@dataclass(frozen=True)
+class CheckpointStall(Incident):
+    """The checkpoint directory stops taking writes for a while (the design documents' failing checkpoint).
+
+    Every directory under the checkpoint is made immutable (``chattr +i``, which holds even for root) or,
+    for other users, read-only (no write permission), and given back at the end.
+    """
+
+    kind: ClassVar[str] = "checkpoint_stall"
+    duration_s: float = 20.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _number("checkpoint_stall: duration_s", self.duration_s)
+
+    @property
+    def duration(self) -> float:
+        """How long the checkpoint refuses writes."""
+        return self.duration_s
+
+    def begin(self, stage: Stage) -> str:
+        """Make the checkpoint unwritable."""
+        how = set_writable(stage.checkpoint, False)
+        return f"checkpoint {stage.checkpoint} unwritable ({how})"
+
+    def end(self, stage: Stage) -> str:
+        """Make it writable again."""
+        set_writable(stage.checkpoint, True)
+        return "checkpoint writable again"
+
+    def close(self, stage: Stage) -> None:
+        """Never leave the checkpoint unwritable."""
+        set_writable(stage.checkpoint, True)
+
+
+def set_writable(root: Path, writable: bool) -> str:
+    """Let the directories under ``root`` take new files again, or stop them; return how it was done.
+
+    Root ignores permission bits, so as root the directories get the immutable attribute (``chattr``); other
+    users lose (or get back) the write permission of their directories.
+
+    Raises
+    ------
+    HarnessError
+        If the file system does not support it (``chattr`` on overlay or network file systems).
+    """
+    folders = [str(p) for p in [root, *root.rglob("*")] if p.is_dir()]
+    if os.geteuid() == 0:
+        done = subprocess.run(
+            ["chattr", "+i" if not writable else "-i", *folders], capture_output=True, text=True, check=False
+        )
+        if done.returncode != 0 and not writable:
+            raise HarnessError(
+                f"cannot make {root} unwritable with chattr (is it on ext4, xfs or btrfs?): {done.stderr.strip()}"
+            )
+        return "immutable attribute"
+    for folder in folders:
+        mode = os.stat(folder).st_mode
+        os.chmod(folder, mode | 0o200 if writable else mode & ~0o222)
+    return "write permission removed"
+
+
+@dataclass(frozen=True)
+class CpuHog(Incident):
+    """A noisy neighbour: ``cores`` busy processes for ``duration_s`` (the slow-node case)."""
+
+    kind: ClassVar[str] = "cpu_hog"
+    duration_s: float = 30.0
+    cores: int = 1
+    _hogs: list[subprocess.Popen[bytes]] = field(default_factory=list, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _number("cpu_hog: duration_s", self.duration_s)
+        if isinstance(self.cores, bool) or not isinstance(self.cores, int) or self.cores < 1:
+            raise HarnessError(f"cpu_hog: cores must be a whole number >= 1, got {self.cores!r}")
+
+    @property
+    def duration(self) -> float:
+        """How long the neighbour is busy."""
+        return self.duration_s
+
+    def begin(self, stage: Stage) -> str:
+        """Start the busy processes."""
+        for _ in range(self.cores):
+            self._hogs.append(
+                subprocess.Popen([sys.executable, "-c", "while True: pass"], stdin=subprocess.DEVNULL)
+            )
+        return f"{self.cores} busy process(es) started"
+
+    def end(self, stage: Stage) -> str:
+        """Stop them."""
+        self.close(stage)
+        return "busy processes stopped"
+
+    def close(self, stage: Stage) -> None:
+        """Stop them."""
+        while self._hogs:
+            hog = self._hogs.pop()
+            hog.kill()
+            hog.wait(10)
+
+
+def _broker(stage: Stage, kind: str) -> BrokerControl:
+    if stage.broker is None:
+        raise HarnessError(
+            f"incident {kind} needs control of the broker: the embedded broker, or --broker-stop-cmd and "
+            "--broker-start-cmd for a cluster"
+        )
+    return stage.broker
+
+
+KINDS: dict[str, type[Incident]] = {
+    cls.kind: cls
+    for cls in (
+        PipelineKill,
+        PipelineRestart,
+        BrokerPause,
+        BrokerRestart,
+        BrokerDataLoss,
+        Load,
+        Faults,
+        SensorStorm,
+        CheckpointStall,
+        CpuHog,
+    )
+}
+
+
+def incident_from_mapping(data: Mapping[str, Any], where: str) -> Incident:
+    """Build one incident from a scenario or drill table (``kind``, ``at_s`` and the kind's parameters).
+
+    Raises
+    ------
+    HarnessError
+        Naming the table and the unknown kind, the unknown parameter or the bad value.
+    """
+    values = dict(data)
+    kind = values.pop("kind", None)
+    if kind not in KINDS:
+        raise HarnessError(f"{where}: kind must be one of {', '.join(sorted(KINDS))}, got {kind!r}")
+    cls = KINDS[kind]
+    allowed = {f.name for f in dataclasses.fields(cls) if not f.name.startswith("_")}
+    unknown = sorted(set(values) - allowed)
+    if unknown:
+        raise HarnessError(
+            f"{where}: incident {kind} has no parameter {unknown[0]!r} (it takes {', '.join(sorted(allowed))})"
+        )
+    try:
+        if "faults" in values and cls is Faults:
+            values["faults"] = FaultConfig.from_mapping(values["faults"], where=f"{where}.faults")
+        if "sensors" in values and cls is Faults:
+            values["sensors"] = tuple(str(s) for s in values["sensors"])
+        if "settings" in values:
+            values["settings"] = dict(values["settings"])
+        return cls(**values)
+    except SimulatorError as exc:
+        raise HarnessError(str(exc)) from None
+    except TypeError as exc:
+        raise HarnessError(f"{where}: {exc}") from None
+
+
+@dataclass
+class IncidentRecord:
+    """What one incident did and when (epoch ms), for the timeline, the report and ``results.json``."""
+
+    label: str
+    kind: str
+    start_ms: int = 0
+    end_ms: int = 0
+    notes: list[str] = field(default_factory=list)
+    error: str | None = None
+
+
+class Schedule(threading.Thread):
+    """Carries out incidents at their times, counted from ``start()``, on a thread of its own.
+
+    Parameters
+    ----------
+    incidents
+        What to do, each with its ``at_s``.
+    stage
+        The running system.
+    on_event
+        Called with a line for the run's progress output at every begin and end.
+    """
+
+    def __init__(
+        self,
+        incidents: Sequence[Incident],
+        stage: Stage,
+        on_event: Callable[[str], None] = lambda _: None,
+    ) -> None:
+        super().__init__(name="sotw-incidents", daemon=True)
+        self.incidents = sorted(incidents, key=lambda i: i.at_s)
+        self.stage = stage
+        self.on_event = on_event
+        self.records = [IncidentRecord(i.label, i.kind) for i in self.incidents]
+        self._halt = threading.Event()
+        self._started_at = 0.0
+
+    @property
+    def span_s(self) -> float:
+        """Seconds from the start until the last incident has ended."""
+        return max((i.at_s + i.duration for i in self.incidents), default=0.0)
+
+    def done(self) -> bool:
+        """True once every incident has begun and ended."""
+        return all(r.end_ms for r in self.records)
+
+    def run(self) -> None:
+        """Begin, tick and end each incident at its time."""
+        self._started_at = time.monotonic()
+        active: dict[int, float] = {}  # index -> monotonic time it began
+        pending = list(range(len(self.incidents)))
+        while (pending or active) and not self._halt.is_set():
+            now = time.monotonic() - self._started_at
+            for i in [i for i in pending if self.incidents[i].at_s <= now]:
+                pending.remove(i)
+                active[i] = time.monotonic()
+                self._act(i, "begin")
+            for i, began in list(active.items()):
+                into = time.monotonic() - began
+                if into >= self.incidents[i].duration:
+                    del active[i]
+                    self._act(i, "end")
+                else:
+                    self._tick(i, into)
+            self._halt.wait(0.25)
+
+    def _tick(self, i: int, into: float) -> None:
+        def tick() -> None:
+            self.incidents[i].tick(self.stage, into)
+
+        self._guard(i, tick)
+
+    def _act(self, i: int, step: str) -> None:
+        incident, record = self.incidents[i], self.records[i]
+        now_ms = int(time.time() * 1000)
+        if step == "begin":
+            record.start_ms = now_ms
+            note = self._guard(i, lambda: incident.begin(self.stage))
+        else:
+            note = self._guard(i, lambda: incident.end(self.stage))
+            record.end_ms = int(time.time() * 1000)
+        if note:
+            record.notes.append(note)
+            self.on_event(f"incident {record.label}: {note}")
+
+    def _guard(self, i: int, action: Callable[[], str | None]) -> str | None:
+        """Run one action; a failure is recorded on the incident, not raised into the run."""
+        try:
+            return action()
+        except Exception as exc:  # an incident that cannot be carried out is a finding, not a crash
+            record = self.records[i]
+            record.error = record.error or f"{type(exc).__name__}: {exc}"
+            log.warning("incident %s failed: %s", record.label, exc)
+            self.on_event(f"incident {record.label} FAILED: {exc}")
+            return None
+
+    def stop(self) -> None:
+        """Stop scheduling and undo whatever an unfinished incident left behind."""
+        self._halt.set()
+        if self.is_alive():
+            self.join(120)
+        for incident, record in zip(self.incidents, self.records, strict=True):
+            if record.start_ms and not record.end_ms:
+                record.end_ms = int(time.time() * 1000)
+                record.notes.append("ended early: the run stopped")
+            try:
+                incident.close(self.stage)
+            except Exception as exc:
+                log.warning("could not undo incident %s: %s", record.label, exc)
+
+
+def shell_command(text: str) -> Callable[[], None]:
+    """A user-given command (``--broker-stop-cmd``) as a callable that raises if it fails."""
+    argv = shlex.split(text)
+
+    def run() -> None:
+        done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=300)
+        if done.returncode != 0:
+            raise HarnessError(f"`{text}` exited with {done.returncode}: {done.stderr.strip()[-300:]}")
+
+    return run
