@@ -66,19 +66,22 @@ def checkpoint_position(checkpoint: Path) -> dict[tuple[str, int], int]:
 class AppendTimes:
     """When each offset of one partition reached the broker, estimated from its end offset seen over time.
 
-    Every sample adds ``(time, end)``; the offsets from one sample's end to the next one's were appended
-    between the two times, and are dated by linear interpolation (the load is open-loop and steady within a
-    second). This dates a partition's oldest unprocessed message without fetching it, as Kafka lag exporters
-    estimate lag in time from an offset-time table. Entries the position has passed are dropped.
+    Each end offset is kept with the first and the last time it was seen; the offsets from one end to the
+    next were appended between the last time the first was seen and the first time the next was, and are
+    dated by linear interpolation (the load is open-loop and steady within a second). This dates a
+    partition's oldest unprocessed message without fetching it, as Kafka lag exporters estimate lag in time
+    from an offset-time table. Entries the position has passed are dropped.
     """
 
     def __init__(self) -> None:
-        self._points: deque[tuple[float, int]] = deque()
+        self._points: deque[list[float]] = deque()  # [first seen, last seen, end offset]
 
     def seen(self, when: float, end: int) -> None:
         """The partition's end offset was ``end`` at ``when`` (epoch seconds)."""
-        if not self._points or end > self._points[-1][1]:
-            self._points.append((when, end))
+        if self._points and end == self._points[-1][2]:
+            self._points[-1][1] = when
+        elif not self._points or end > self._points[-1][2]:
+            self._points.append([when, when, end])
 
     def appended_at(self, offset: int) -> float | None:
         """When the record at ``offset`` was appended (epoch seconds), or None if not yet seen.
@@ -87,15 +90,16 @@ class AppendTimes:
         measured from it is a lower bound.
         """
         points = self._points
-        while len(points) >= 2 and points[1][1] <= offset:
+        while len(points) >= 2 and points[1][2] <= offset:
             points.popleft()  # the position has passed this entry for good
-        if not points or points[-1][1] <= offset:
+        if not points or points[-1][2] <= offset:
             return None
-        t0, end0 = points[0]
-        if end0 > offset:
-            return t0
-        t1, end1 = points[1]
-        return t0 + (t1 - t0) * (offset + 1 - end0) / (end1 - end0)
+        first, _, end = points[0]
+        if end > offset:
+            return first
+        _, since, start = points[0]
+        until, _, end = points[1]
+        return since + (until - since) * (offset + 1 - start) / (end - start)
 
 
 class KafkaLagProbe:
@@ -289,11 +293,13 @@ class ThreadCpuProbe:
     """CPU seconds of the harness process's threads, cumulative, in groups: simulator, sampler, other.
 
     The simulator runs in the harness process (thread ``simulator_thread``); its ledger writer and its
-    producer's librdkafka threads (``rdk:*``) start after it, so every thread first seen once the simulator
-    thread runs is counted as the simulator's, except the sampler's own. librdkafka threads that were there
-    before belong to the probes' Kafka clients and count as the sampler's, and so does the CPU of threads that
-    lived and ended between two samples (the short-lived consumers ``EndOffsets`` reads a partition's end
-    with). Sample it last, after the probes have closed their short-lived clients.
+    producer's librdkafka threads (``rdk:*``) start after it, so the Python and librdkafka threads first seen
+    once the simulator thread runs are counted as the simulator's, except the sampler's own. librdkafka
+    threads that were there before belong to the probes' Kafka clients and count as the sampler's, and so
+    does the CPU of threads that lived and ended between two samples (the short-lived consumers
+    ``EndOffsets`` reads a partition's end with; sample this probe last, after they are closed). A thread
+    that ends keeps its group for the CPU it had at its last sample; what it spent after that is counted
+    with the short-lived ones.
 
     Parameters
     ----------
@@ -314,16 +320,17 @@ class ThreadCpuProbe:
         self._classify(thread_names())
 
     def _classify(self, names: Mapping[int, str]) -> None:
-        self._simulator_seen = self._simulator_seen or self._simulator in names.values()
+        python = {t.native_id: t.name for t in threading.enumerate()}
+        self._simulator_seen = self._simulator_seen or self._simulator in python.values()
         for tid, name in names.items():
             if tid in self._group:
                 continue
             if name == self._sampler:
                 group = "sampler"
-            elif self._simulator_seen and name != "MainThread":
-                group = "simulator"
             elif name.startswith("rdk:"):
-                group = "sampler"
+                group = "simulator" if self._simulator_seen else "sampler"
+            elif self._simulator_seen and tid in python and name != "MainThread":
+                group = "simulator"
             else:
                 group = "other"
             self._group[tid] = group
