@@ -27,11 +27,14 @@ def test_each_part_of_the_system_is_told_apart_by_its_command_line(cmdline: list
 
 
 def test_a_child_s_cpu_and_memory_count_in_its_parent_s_tree() -> None:
-    busy = "import time\nend = time.process_time() + 0.3\nwhile time.process_time() < end: pass\nx = bytearray(50_000_000)\ntime.sleep(5)"
+    busy = (
+        "import time\nx = bytearray(50_000_000)\nend = time.process_time() + 0.3\n"
+        "while time.process_time() < end: pass\nprint('ready', flush=True)\ntime.sleep(60)"
+    )
     before = read_tree(kinds=True)
-    child = subprocess.Popen([sys.executable, "-c", busy])
+    child = subprocess.Popen([sys.executable, "-c", busy], stdout=subprocess.PIPE, text=True)
     try:
-        time.sleep(1.5)
+        assert child.stdout is not None and child.stdout.readline() == "ready\n"
         after = read_tree(kinds=True)
     finally:
         child.kill()
@@ -44,18 +47,19 @@ def test_a_child_s_cpu_and_memory_count_in_its_parent_s_tree() -> None:
 
 
 def test_threads_are_named_as_python_knows_them_and_their_cpu_is_their_own() -> None:
-    done = threading.Event()
+    spun, done = threading.Event(), threading.Event()
 
     def work() -> None:
         end = time.thread_time() + 0.2
         while time.thread_time() < end:
             pass
+        spun.set()
         done.wait()
 
     worker = threading.Thread(target=work, name="test-worker")
     worker.start()
-    time.sleep(0.4)
     try:
+        assert spun.wait(30)
         tid = worker.native_id
         assert tid is not None
         assert thread_names()[tid] == "test-worker"

@@ -42,25 +42,25 @@ def test_threads_started_with_the_simulator_count_as_its_cpu_even_after_they_end
     probe = ThreadCpuProbe(simulator_thread="test-simulator", sampler_thread="test-sampler")
     before = probe.sample()
     started, worked, finish = threading.Event(), threading.Event(), threading.Event()
+    writer_spun = threading.Event()
 
     def simulator() -> None:
         # Like the simulator's ledger writer and producer threads: started by it, alive while it runs.
-        writer = threading.Thread(target=lambda: (spin(0.2), finish.wait()), name="test-ledger-writer")
+        writer = threading.Thread(
+            target=lambda: (spin(0.2), writer_spun.set(), finish.wait()), name="test-ledger-writer"
+        )
         writer.start()
         started.set()
         spin(0.2)
-        writer_done = threading.Thread(target=writer.join)
-        writer_done.start()
         worked.set()
         finish.wait()
-        writer_done.join()
+        writer.join()
 
     sim = threading.Thread(target=simulator, name="test-simulator")
     sim.start()
     started.wait()
     probe.sample()  # sees the simulator and its writer
-    worked.wait()
-    time.sleep(0.3)  # the writer's spin is done too
+    assert worked.wait(30) and writer_spun.wait(30)
     probe.sample()
     finish.set()
     sim.join()
