@@ -46,7 +46,6 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-import psutil
 from confluent_kafka import KafkaError, TopicPartition
 
 from pipeline.config import PipelineConfig
@@ -58,6 +57,7 @@ from pipeline.spark import SparkConfig, build_session
 from simulator import Simulator, SimulatorConfig
 from sotw.broker import EmbeddedBroker
 from sotw.kafka import EndOffsets, KafkaConfig
+from sotw.procstats import cpu_by_kind, read_tree, rss_by_kind
 
 
 class PeakRss:
@@ -71,16 +71,9 @@ class PeakRss:
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _sample(self) -> None:
-        me = psutil.Process()
-        parts = {"driver_python": me.memory_info().rss, "jvm": 0, "python_workers": 0, "broker": 0}
-        for child in me.children(recursive=True):
-            try:
-                name = " ".join(child.cmdline()[:3])
-                rss = child.memory_info().rss
-            except (psutil.NoSuchProcess, psutil.AccessDenied):
-                continue
-            kind = "jvm" if "java" in name else "broker" if "tansu" in name else "python_workers"
-            parts[kind] += rss
+        parts = {"driver_python": 0, "jvm": 0, "python_workers": 0, "broker": 0}
+        for kind, rss in rss_by_kind(read_tree(kinds=True)).items():
+            parts["python_workers" if kind == "python_source_planner" else kind] += rss
         total = parts["driver_python"] + parts["jvm"] + parts["python_workers"]
         if total > self.peak:
             self.peak, self.peak_parts = total, parts
@@ -136,7 +129,7 @@ def bare(kafka: KafkaConfig, ends: dict[tuple[str, int], int]) -> dict[str, Any]
     total = sum(ends.values())
     loads = orjson.loads
     n = 0
-    tree0 = tree_cpu()
+    tree0 = read_tree(kinds=True)
     with PeakRss() as mem:
         t0 = time.perf_counter()
         c0 = time.process_time()
@@ -151,7 +144,7 @@ def bare(kafka: KafkaConfig, ends: dict[tuple[str, int], int]) -> dict[str, Any]
                 n += 1
         elapsed = time.perf_counter() - t0
         cpu = time.process_time() - c0
-    broker = cpu_by_kind(tree0, tree_cpu()).get("broker", 0.0)
+    broker = cpu_by_kind(tree0, read_tree(kinds=True)).get("broker", 0.0)
     consumer.close()
     return {
         "messages": n,
@@ -161,46 +154,6 @@ def bare(kafka: KafkaConfig, ends: dict[tuple[str, int], int]) -> dict[str, Any]
         "broker_cpu_us_per_msg": broker / n * 1e6,
         "peak_rss_bytes": mem.peak,
     }
-
-
-def _kind(cmdline: list[str]) -> str:
-    text = " ".join(cmdline[:6])
-    if "tansu" in text:
-        return "broker"
-    if "java" in text:
-        return "jvm"
-    if "streaming_source_runner" in text or "data_source" in text:
-        return "python_source_planner"
-    if "pyspark" in text:
-        return "python_workers"
-    return "driver_python"
-
-
-def tree_cpu() -> dict[int, tuple[str, float]]:
-    """CPU seconds (user + system) of this process and each descendant, with its kind, by pid."""
-    out: dict[int, tuple[str, float]] = {}
-    for p in [psutil.Process(), *psutil.Process().children(recursive=True)]:
-        try:
-            t = p.cpu_times()
-            out[p.pid] = (_kind(p.cmdline()), t.user + t.system)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-    return out
-
-
-def cpu_by_kind(
-    before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]]
-) -> dict[str, float]:
-    """CPU seconds spent between two ``tree_cpu`` samples, per kind of process.
-
-    The embedded broker's share is under ``broker`` (absent for a ``--bootstrap`` cluster); the sides pop it,
-    since it is not the side's own CPU. A Python worker that exited in between is missed; Spark reuses its
-    workers, so few do.
-    """
-    out: dict[str, float] = {}
-    for pid, (kind, cpu) in after.items():
-        out[kind] = out.get(kind, 0.0) + cpu - before.get(pid, (kind, 0.0))[1]
-    return out
 
 
 def state_partition_load(spark: Any, changes: Path, partitions: int) -> list[dict[str, int]]:
@@ -247,12 +200,12 @@ def pipeline(
     """Drain the backlog with the pipeline (availableNow) into a fresh output; rates, batches and memory."""
     work = Path(tempfile.mkdtemp(prefix="sotw-bench-pipe-"))
     config = drain_config(kafka, prefix, work, args)
-    cpu0 = tree_cpu()
+    cpu0 = read_tree(kinds=True)
     with PeakRss() as mem:
         t0 = time.perf_counter()
         run(spark, config)
         elapsed = time.perf_counter() - t0
-    by_kind = cpu_by_kind(cpu0, tree_cpu())
+    by_kind = cpu_by_kind(cpu0, read_tree(kinds=True))
     broker = by_kind.pop("broker", 0.0)
     cpu = sum(by_kind.values())
     # Spark delivers progress events to the listener asynchronously: wait for the last batch's line.
@@ -348,7 +301,7 @@ def floor(
 
     work = Path(tempfile.mkdtemp(prefix="sotw-bench-floor-"))
     config = drain_config(kafka, prefix, work, args)
-    cpu0 = tree_cpu()
+    cpu0 = read_tree(kinds=True)
     with PeakRss() as mem:
         t0 = time.perf_counter()
         grouped = group_sessions(read_source(spark, config), placement_partitions(spark, config.checkpoint))
@@ -368,7 +321,7 @@ def floor(
         )
         query.awaitTermination()
         elapsed = time.perf_counter() - t0
-    by_kind = cpu_by_kind(cpu0, tree_cpu())
+    by_kind = cpu_by_kind(cpu0, read_tree(kinds=True))
     broker = by_kind.pop("broker", 0.0)
     batches = [(batch_messages(p), p["durationMs"].get("triggerExecution", 0)) for p in query.recentProgress]
     batches = [b for b in batches if b[0]]

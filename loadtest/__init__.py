@@ -2,8 +2,9 @@
 
 ``loadtest.runner.execute(RunRequest(...))`` runs the whole system once; ``sotw run|bench|capacity`` are its
 command line. The pieces have small interfaces so other drivers (a Locust web UI, the nightly benchmark job)
-reuse them: ``samplers`` (once-a-second probes), ``verify`` (the independent verdict), ``results`` (the
-versioned ``results.json``) and ``report``.
+reuse them: ``samplers`` (once-a-second probes), ``verify`` (the independent verdict), ``figures`` (a run's
+figures, each with the phase it covers, and its verdict), ``results`` (the versioned ``results.json``) and
+``report``.
 """
 
 from loadtest.errors import HarnessError

@@ -14,6 +14,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from loadtest.figures import BATCH_STEP
 from loadtest.profile import Profile
 from loadtest.results import Capacity, CapacityStep, Results
 from loadtest.runner import RunRequest, execute
@@ -23,15 +24,14 @@ log = logging.getLogger(__name__)
 
 
 def step_of(result: Results) -> CapacityStep:
-    """One capacity step from a run's results."""
-    e2e = next((lat for lat in result.latency if lat.name == "end_to_end"), None)
+    """One capacity step from a run's results (its steady-phase figures)."""
     return CapacityStep(
         load_factor=result.run.load_factor,
-        target_rate=result.summary.get("target_rate", math.nan),
-        achieved_rate=result.summary.get("consumed_rate", math.nan),
+        target_rate=result.figure("target_rate"),
+        achieved_rate=result.figure("consumed_rate"),
         sustained=result.verdict.verdict == "PASS",
-        lag_max=result.summary.get("lag_age_max_s", math.nan),
-        latency_p99_ms=e2e.p99 if e2e else math.nan,
+        lag_max=result.figure("lag_age_max"),
+        latency_p99_ms=result.figure("end_to_end_p99"),
     )
 
 
@@ -83,7 +83,7 @@ def search(
         (r for r in results if r.verdict.verdict == "PASS"), key=lambda r: r.run.load_factor, default=None
     )
     breakdown = (
-        {k.removeprefix("time_ms: "): v for k, v in best.summary.items() if k.startswith("time_ms: ")}
+        {f.name.removeprefix(BATCH_STEP): f.value for f in best.summary if f.name.startswith(BATCH_STEP)}
         if best
         else {}
     )

@@ -47,10 +47,10 @@ import pandas as pd
 import pyarrow.dataset as ds
 
 from loadtest.errors import HarnessError
+from pipeline.policies import POLICIES
 
 log = logging.getLogger(__name__)
 
-POLICIES = ("strict", "ordered", "once", "window", "none")
 SESSION_LEVEL = -1  # the seq used for violations about a whole session (timeout, digest mismatch, ...)
 Event = tuple[str, int]
 Arrival = tuple[int, str, int]  # seq, kind, event time (intended_ts)

@@ -18,6 +18,7 @@ from pathlib import Path
 import psutil
 
 from loadtest.errors import HarnessError
+from loadtest.profile import PipelineSettings
 
 log = logging.getLogger(__name__)
 
@@ -32,19 +33,19 @@ class PipelineProcessConfig:
         Kafka bootstrap address.
     output, checkpoint
         The pipeline's output root and checkpoint.
-    policy, trigger, session_timeout
-        Passed as ``--policy``, ``--trigger``, ``--session-timeout``.
+    pattern
+        The topic regex.
+    settings
+        The pipeline's settings from the profile (policy, trigger, lateness, ...).
     extra_args
-        Any other ``sotw pipeline`` flags (``--window-messages 50``, ``-X k=v``).
+        Flags the harness adds for this run (``-q``, ``-X k=v``, the self-tests' ``--drop-batch``).
     """
 
     bootstrap: str
     output: Path
     checkpoint: Path
     pattern: str = "sotw-sensor-.*"
-    policy: str = "ordered"
-    trigger: str = "1s"
-    session_timeout: str = "1h"
+    settings: PipelineSettings = field(default_factory=PipelineSettings)
     extra_args: tuple[str, ...] = field(default_factory=tuple)
 
     def argv(self) -> list[str]:
@@ -58,16 +59,11 @@ class PipelineProcessConfig:
             self.bootstrap,
             "--pattern",
             self.pattern,
-            "--policy",
-            self.policy,
-            "--trigger",
-            self.trigger,
-            "--session-timeout",
-            self.session_timeout,
             "--output",
             str(self.output),
             "--checkpoint",
             str(self.checkpoint),
+            *self.settings.args(),
             *self.extra_args,
         ]
 

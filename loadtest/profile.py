@@ -10,9 +10,9 @@ be repeated. ``loadtest/scenarios.toml`` ships the defaults; users write their o
     sensors = 24
     [profiles.baseline.simulator.faults]
     gap = 0.001
-    [profiles.baseline.pipeline]           # policy, trigger, session_timeout, extra_args
+    [profiles.baseline.pipeline]           # any PipelineSettings field: policy, trigger, window_messages, ...
     policy = "ordered"
-    [profiles.baseline.run]                # warmup_s, steady_s, drain_max_s, max_lag_s, ...
+    [profiles.baseline.run]                # warmup_s, steady_s, drain_max_s, max_lag_s, max_end_to_end_p99_s
     steady_s = 60
     [[profiles.baseline.schedule]]         # from start_s to end_s (seconds since load started): these faults
     start_s = 20
@@ -32,6 +32,10 @@ from pathlib import Path
 from typing import Any
 
 from loadtest.errors import HarnessError
+from loadtest.expect import Policy
+from pipeline.config import parse_trigger
+from pipeline.errors import ConfigError
+from pipeline.policies import PolicyConfig
 from simulator.config import FaultConfig, SimulatorConfig, known_settings
 from sotw.errors import SotwError
 
@@ -52,14 +56,151 @@ def parse_load(text: str | float) -> float:
     return factor
 
 
+# ``sotw pipeline`` flags that PipelineSettings holds as typed fields: extra_args must not repeat them.
+_TYPED_FLAGS = {
+    "--policy": "policy",
+    "--trigger": "trigger",
+    "--session-timeout": "session_timeout",
+    "--window-messages": "window_messages",
+    "--window-ms": "window_ms",
+    "--max-offsets-per-trigger": "max_offsets_per_trigger",
+    "--fail-on-data-loss": "fail_on_data_loss",
+    "--no-fail-on-data-loss": "fail_on_data_loss",
+    "--shuffle-partitions": "shuffle_partitions",
+    "--discovery-interval": "discovery_interval",
+}
+
+
 @dataclass(frozen=True)
 class PipelineSettings:
-    """How the harness runs the pipeline under test."""
+    """How the harness runs the pipeline under test: the ``sotw pipeline`` settings the verifier also needs.
+
+    The harness builds the pipeline's command line from these fields and the verifier's model of the policy
+    from the same fields, so the two cannot disagree.
+
+    Parameters
+    ----------
+    policy
+        Integrity policy (``pipeline.policies.POLICIES``).
+    trigger
+        Micro-batch interval (``1s``, ``500ms``); the harness runs the pipeline continuously, so not
+        ``availableNow``.
+    session_timeout
+        Sessions quiet for this long are closed as timed out (``20s``).
+    window_messages, window_ms
+        ``window`` policy only: the lateness, in messages and/or ms of event time.
+    max_offsets_per_trigger
+        Records per micro-batch, at most; None for no limit.
+    fail_on_data_loss
+        Stop if offsets still needed are gone.
+    shuffle_partitions
+        State partitions; None for the pipeline's default.
+    discovery_interval
+        How often the pipeline looks for new topics.
+    extra_args
+        Any other ``sotw pipeline`` flags, passed through unread (``--conf k=v``); a flag that has a field
+        above is refused here, so the harness never misreads it.
+    """
 
     policy: str = "ordered"
     trigger: str = "1s"
     session_timeout: str = "30s"
+    window_messages: int | None = None
+    window_ms: int | None = None
+    max_offsets_per_trigger: int | None = None
+    fail_on_data_loss: bool = True
+    shuffle_partitions: int | None = None
+    discovery_interval: str = "1s"
     extra_args: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for name in ("window_messages", "window_ms", "max_offsets_per_trigger", "shuffle_partitions"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise HarnessError(f"pipeline.{name} must be a whole number, got {value!r}")
+        for name in ("max_offsets_per_trigger", "shuffle_partitions"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise HarnessError(f"pipeline.{name} must be at least 1, got {value!r}")
+        if not isinstance(self.fail_on_data_loss, bool):
+            raise HarnessError(
+                f"pipeline.fail_on_data_loss must be true or false, got {self.fail_on_data_loss!r}"
+            )
+        for name in ("trigger", "session_timeout", "discovery_interval"):
+            value = getattr(self, name)
+            try:
+                ms = parse_trigger(value) if isinstance(value, str) else None
+            except ValueError:
+                ms = None
+            if not ms:
+                raise HarnessError(f"pipeline.{name} must be a duration such as 1s or 500ms, got {value!r}")
+        if not isinstance(self.extra_args, tuple) or not all(isinstance(a, str) for a in self.extra_args):
+            raise HarnessError(f"pipeline.extra_args must be a list of strings, got {self.extra_args!r}")
+        for arg in self.extra_args:
+            flag = arg.split("=", 1)[0]
+            if flag in _TYPED_FLAGS:
+                raise HarnessError(
+                    f"pipeline.extra_args has {arg!r}: set pipeline.{_TYPED_FLAGS[flag]} instead, so the "
+                    "verifier models the same setting"
+                )
+        try:
+            self.policy_config()
+        except ConfigError as exc:
+            raise HarnessError(f"pipeline: {exc}") from None
+
+    @property
+    def trigger_ms(self) -> int:
+        """The trigger interval in ms."""
+        return parse_trigger(self.trigger) or 0
+
+    @property
+    def session_timeout_ms(self) -> int:
+        """The session timeout in ms."""
+        return parse_trigger(self.session_timeout) or 0
+
+    def policy_config(self) -> PolicyConfig:
+        """The policy as the pipeline will apply it (validated by the pipeline's own rules)."""
+        return PolicyConfig(
+            policy=self.policy,
+            session_timeout_ms=self.session_timeout_ms,
+            window_messages=self.window_messages,
+            window_ms=self.window_ms,
+        )
+
+    def verifier_policy(self, timeouts_expire: bool = True) -> Policy:
+        """The policy as the verifier models it, from the same fields the pipeline is started with.
+
+        ``timeouts_expire``: whether the session timeout passed before the run ended (see ``Policy``).
+        """
+        return Policy(
+            self.policy,
+            window_messages=self.window_messages,
+            window_ms=self.window_ms,
+            timeouts_expire=timeouts_expire,
+        )
+
+    def args(self) -> list[str]:
+        """These settings as ``sotw pipeline`` flags."""
+        out = [
+            "--policy",
+            self.policy,
+            "--trigger",
+            self.trigger,
+            "--session-timeout",
+            self.session_timeout,
+            "--discovery-interval",
+            self.discovery_interval,
+            "--fail-on-data-loss" if self.fail_on_data_loss else "--no-fail-on-data-loss",
+        ]
+        for flag, value in (
+            ("--window-messages", self.window_messages),
+            ("--window-ms", self.window_ms),
+            ("--max-offsets-per-trigger", self.max_offsets_per_trigger),
+            ("--shuffle-partitions", self.shuffle_partitions),
+        ):
+            if value is not None:
+                out += [flag, str(value)]
+        return [*out, *self.extra_args]
 
 
 @dataclass(frozen=True)
@@ -77,6 +218,9 @@ class RunSettings:
     max_lag_s
         Pass criterion: age of the oldest unprocessed message during the steady phase stays below this
         (the 95th percentile of the per-second samples, so one slow batch does not fail a run).
+    max_end_to_end_p99_s
+        Pass criterion: the p99 end-to-end latency of the messages meant for the steady phase stays below
+        this; None for no bound.
     pipeline_start_timeout_s
         How long Spark may take to start.
     """
@@ -85,12 +229,22 @@ class RunSettings:
     steady_s: float = 60.0
     drain_max_s: float = 90.0
     max_lag_s: float = 15.0
+    max_end_to_end_p99_s: float | None = None
     pipeline_start_timeout_s: float = 120.0
 
     def __post_init__(self) -> None:
-        for name in ("warmup_s", "steady_s", "drain_max_s", "max_lag_s", "pipeline_start_timeout_s"):
+        for name in (
+            "warmup_s",
+            "steady_s",
+            "drain_max_s",
+            "max_lag_s",
+            "max_end_to_end_p99_s",
+            "pipeline_start_timeout_s",
+        ):
             value = getattr(self, name)
-            if not isinstance(value, int | float) or value < 0:
+            if value is None and name == "max_end_to_end_p99_s":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
                 raise HarnessError(f"run.{name} must be a number >= 0, got {value!r}")
 
 

@@ -80,29 +80,45 @@ def _phase_window(result: Results, name: str) -> tuple[float, float] | None:
     return None
 
 
-def key_numbers(result: Results) -> list[tuple[str, str]]:
-    """The figures a capacity planner reads first, as (name, formatted value)."""
+FIGURE_LABELS = {
+    "target_rate": "target rate",
+    "produced_rate": "produced",
+    "acked_rate": "acknowledged by the broker",
+    "consumed_rate": "consumed by the pipeline",
+    "written_rate": "written (change rows)",
+    "lag_age_p95": "lag: age of the oldest unprocessed message, p95",
+    "lag_age_max": "lag: age of the oldest unprocessed message, max",
+    "lag_offsets_max": "lag: offsets behind, max",
+    "end_to_end_p50": "end-to-end latency p50",
+    "end_to_end_p99": "end-to-end latency p99",
+    "publish_p99": "publish latency p99",
+    "schedule_lateness_p99": "schedule lateness p99",
+    "drain_time": "drain time",
+}
+
+
+def figure_label(name: str) -> str:
+    """How a summary figure is named for a reader."""
+    return FIGURE_LABELS.get(name, name.replace("_", " "))
+
+
+def key_numbers(result: Results) -> list[tuple[str, str, str]]:
+    """The figures a capacity planner reads first, each once: (figure, phase it covers, formatted value)."""
     rows = [
-        ("verdict", result.verdict.verdict),
-        ("policy", result.run.policy),
-        ("duration", fmt((result.run.ended_ms - result.run.started_ms) / 1000.0, "s")),
+        ("verdict", "whole run", result.verdict.verdict),
+        ("policy", "whole run", result.run.policy),
+        ("duration", "whole run", fmt((result.run.ended_ms - result.run.started_ms) / 1000.0, "s")),
     ]
-    rows += [(f"{s.name} (steady mean)", fmt(steady_mean(result, s), s.unit)) for s in result.throughput]
-    for s in result.lag:
-        finite = [v for v in s.values if math.isfinite(v)]
-        rows.append((f"{s.name} (max)", fmt(max(finite) if finite else math.nan, s.unit)))
-    for lat in result.latency:
-        tail = (lat.p50, lat.p99, lat.p99_9, lat.max)
-        rows.append((f"{lat.name} p50 / p99 / p99.9 / max", " / ".join(fmt(v) for v in tail) + " ms"))
-    rows += [(k.replace("_", " "), fmt(v)) for k, v in result.summary.items()]
+    rows += [(figure_label(f.name), f.scope, fmt(f.value, f.unit)) for f in result.summary]
     c = result.correctness
     if c is not None:
         rows += [
             (
                 "exact session tables",
+                "whole run",
                 f"{c.sessions_exact}/{c.sessions_exact_required} ({fmt(100 * c.exact_match_rate, '%')})",
             ),
-            ("rows lost / repeated", f"{c.rows_lost} / {c.rows_repeated}"),
+            ("rows lost / repeated", "whole run", f"{c.rows_lost} / {c.rows_repeated}"),
         ]
     return rows
 
@@ -178,21 +194,52 @@ def chart_over_time(
     return _png(fig)
 
 
-def chart_resources(results: Sequence[Results]) -> bytes | None:
-    """CPU (% of one core) and memory (MB) per component over time, one column per run."""
-    if not any(r.resource_series for r in results):
+def _panels(
+    results: Sequence[Results],
+    rows: Sequence[tuple[str, Callable[[Results], list[Series]]]],
+    shared: bool,
+) -> bytes | None:
+    """One row of panels per (title, pick), one column per run, zero-based; ``shared``: one scale per row."""
+    if not any(pick(r) for r in results for _, pick in rows):
         return None
-    fig = Figure(figsize=(6.5 * len(results), 6.0))
-    axes = fig.subplots(2, len(results), squeeze=False, sharex="col")
-    for col, result in enumerate(results):
-        cpu = [s for s in result.resource_series if s.unit.startswith("%") or "cpu" in s.name]
-        mem = [s for s in result.resource_series if s not in cpu]
-        _series_axes(axes[0][col], result, cpu, "CPU")
-        _series_axes(axes[1][col], result, mem, "Memory")
-    for row in axes:
-        _zero_based(row)
+    fig = Figure(figsize=(6.5 * len(results), 3.0 * len(rows)))
+    axes = fig.subplots(len(rows), len(results), squeeze=False, sharex="col")
+    for i, (title, pick) in enumerate(rows):
+        for col, result in enumerate(results):
+            _series_axes(axes[i][col], result, pick(result), title)
+        if shared:
+            _zero_based(axes[i])
+        else:
+            for ax in axes[i]:
+                ax.set_ylim(bottom=0)
     fig.tight_layout()
     return _png(fig)
+
+
+def chart_lag(results: Sequence[Results]) -> bytes | None:
+    """Lag in time (top) and in offsets (bottom), each on its own axis, one column per run."""
+    return _panels(
+        results,
+        [
+            ("Lag in time", lambda r: [s for s in r.lag if s.unit == "s"]),
+            ("Lag in offsets", lambda r: [s for s in r.lag if s.unit != "s"]),
+        ],
+        # Each run keeps its own scale, as in ``chart_over_time``.
+        shared=False,
+    )
+
+
+def chart_resources(results: Sequence[Results]) -> bytes | None:
+    """CPU (% of one core) and memory (MB) per component over time, one column per run."""
+
+    def cpu(r: Results) -> list[Series]:
+        return [s for s in r.resource_series if s.unit.startswith("%") or "cpu" in s.name]
+
+    return _panels(
+        results,
+        [("CPU", cpu), ("Memory", lambda r: [s for s in r.resource_series if s not in cpu(r)])],
+        shared=True,
+    )
 
 
 def chart_percentiles(results: Sequence[Results]) -> bytes | None:
@@ -223,7 +270,8 @@ def chart_percentiles(results: Sequence[Results]) -> bytes | None:
         ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: fmt(v)))
         ax.yaxis.set_minor_formatter(NullFormatter())
         ax.margins(y=0.25)
-        ax.set_title(f"{name} latency (ms)", fontsize=11)
+        scopes = sorted({lat.scope for r in results for lat in r.latency if lat.name == name})
+        ax.set_title(f"{name.replace('_', ' ')} (ms), {' / '.join(scopes)} phase", fontsize=11)
         ax.grid(True, axis="y", alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
@@ -260,38 +308,75 @@ def chart_capacity(result: Results) -> bytes | None:
     return _png(fig)
 
 
-def charts(results: Sequence[Results]) -> list[tuple[str, bytes]]:
-    """Every chart that has data, as (title, PNG bytes), in reading order."""
+CAPTIONS = {
+    "throughput": "Messages per second produced by the simulator, acknowledged by the broker, consumed by the "
+    "pipeline, and change rows written. In the steady phase (green) produced and acknowledged sit on the "
+    "target rate and consumed follows them; consumed staying below produced means the pipeline falls behind.",
+    "lag": "Top: age of the oldest message the pipeline has not processed yet, in seconds. Bottom: messages "
+    "behind the end of the topics (all partitions, and the worst one). In the steady phase both should stay "
+    "low and flat; a climb means the pipeline cannot keep up, and the drain shows how long it takes to catch "
+    "up.",
+    "latency": "End-to-end latency (a message's intended send time to the commit of the batch that wrote "
+    "it), p50 and p99 per 5 s of commit time. High in the warm-up while Spark compiles, then it should be "
+    "flat through the steady phase; steps mark slow batches.",
+    "percentiles": "Latency percentiles over the messages meant for the steady phase, log scale: end-to-end, "
+    "publish (send to broker acknowledgement) and schedule lateness (how late the simulator sent against its "
+    "schedule). A wide gap between p99 and max points to stalls.",
+    "resources": "CPU (% of one core: 100 % is one core busy) and resident memory per component: the broker, "
+    "the pipeline (driver, JVM and Python workers) and the harness (simulator and samplers). In the steady "
+    "phase memory should level off; steady growth is a leak.",
+    "capacity": "Achieved against offered rate for each load factor tried: green sustained, red fell behind. "
+    "The dotted line is the highest load factor sustained on this machine.",
+}
+
+
+def charts(results: Sequence[Results]) -> list[tuple[str, str, bytes]]:
+    """Every chart that has data, as (title, caption, PNG bytes), in reading order; phases are shaded."""
     made = [
-        ("Throughput over time", chart_over_time(results, lambda r: r.throughput, "Throughput")),
-        ("Lag over time", chart_over_time(results, lambda r: r.lag, "Lag")),
-        ("Latency over time", chart_over_time(results, lambda r: r.latency_series, "Latency")),
-        ("Latency percentiles", chart_percentiles(results)),
-        ("Resource use", chart_resources(results)),
+        (
+            "Throughput over time",
+            CAPTIONS["throughput"],
+            chart_over_time(results, lambda r: r.throughput, "Throughput"),
+        ),
+        ("Lag over time", CAPTIONS["lag"], chart_lag(results)),
+        (
+            "Latency over time",
+            CAPTIONS["latency"],
+            chart_over_time(results, lambda r: r.latency_series, "Latency"),
+        ),
+        ("Latency percentiles", CAPTIONS["percentiles"], chart_percentiles(results)),
+        ("Resource use", CAPTIONS["resources"], chart_resources(results)),
     ]
-    made += [(f"Capacity ({label(r)} run)", chart_capacity(r)) for r in results]
-    return [(title, png) for title, png in made if png is not None]
+    made += [(f"Capacity ({label(r)} run)", CAPTIONS["capacity"], chart_capacity(r)) for r in results]
+    return [(title, caption, png) for title, caption, png in made if png is not None]
 
 
 # ------------------------------------------------------------------------------------------------ tables
 
 
 def _comparison_rows(results: Sequence[Results]) -> tuple[list[str], list[list[str]]]:
-    """Key numbers of each run in one table, runs as columns."""
-    columns = [dict(key_numbers(r)) for r in results]
-    names: list[str] = []
+    """Key numbers of each run in one table: one row per figure and phase, runs as columns."""
+    columns = [{(name, phase): value for name, phase, value in key_numbers(r)} for r in results]
+    keys: list[tuple[str, str]] = []
     for col in columns:
-        names += [n for n in col if n not in names]
-    return ["", *(label(r) for r in results)], [[n, *(c.get(n, "-") for c in columns)] for n in names]
+        keys += [k for k in col if k not in keys]
+    head = ["figure", "phase", *(label(r) for r in results)]
+    return head, [[name, phase, *(c.get((name, phase), "-") for c in columns)] for name, phase in keys]
 
 
 def _latency_rows(results: Sequence[Results]) -> tuple[list[str], list[list[str]]]:
     rows = [
-        [label(r), lat.name, fmt(lat.count), *(fmt(getattr(lat, f), "ms") for _, f in PERCENTILE_FIELDS)]
+        [
+            label(r),
+            lat.name,
+            lat.scope,
+            fmt(lat.count),
+            *(fmt(getattr(lat, f), "ms") for _, f in PERCENTILE_FIELDS),
+        ]
         for r in results
         for lat in r.latency
     ]
-    return ["run", "latency", "count", *(n for n, _ in PERCENTILE_FIELDS)], rows
+    return ["run", "latency", "phase", "messages", *(n for n, _ in PERCENTILE_FIELDS)], rows
 
 
 def _resource_rows(results: Sequence[Results]) -> tuple[list[str], list[list[str]]]:
@@ -299,6 +384,7 @@ def _resource_rows(results: Sequence[Results]) -> tuple[list[str], list[list[str
         [
             label(r),
             u.component,
+            "steady",
             fmt(u.cpu_mean, "%"),
             fmt(u.cpu_max, "%"),
             fmt(u.rss_mb_mean, "MB"),
@@ -307,7 +393,23 @@ def _resource_rows(results: Sequence[Results]) -> tuple[list[str], list[list[str
         for r in results
         for u in r.resources
     ]
-    return ["run", "component", "CPU mean", "CPU max", "RSS mean", "RSS max"], rows
+    head = ["run", "component", "phase", "CPU mean", "CPU max", "RSS mean", "RSS max"]
+    return head, rows
+
+
+def _overhead_rows(overhead: dict[str, float]) -> tuple[list[str], list[list[str]]]:
+    """The harness's own cost: CPU by part over the steady phase, the verifier's CPU after the load."""
+    rows = []
+    for key, value in overhead.items():
+        if key.endswith("_cpu_percent"):
+            rows.append(
+                [key.removesuffix("_cpu_percent").replace("_", " ") + " CPU", "steady", fmt(value, "%")]
+            )
+        elif key == "verifier_cpu_s":
+            rows.append(["verifier CPU", "after the load", fmt(value, "s")])
+        elif key == "steady_s":
+            rows.append(["measured over", "steady", fmt(value, "s")])
+    return ["part", "phase", "value"], rows
 
 
 def _fault_rows(c: Correctness) -> tuple[list[str], list[list[str]]]:
@@ -459,6 +561,7 @@ th,td{border:1px solid #ddd;padding:4px 8px;text-align:left;vertical-align:top} 
 .PASS{color:#fff;background:#2e7d32;padding:2px 8px;border-radius:4px}
 .FAIL{color:#fff;background:#c62828;padding:2px 8px;border-radius:4px}
 img{max-width:100%;border:1px solid #eee} pre{background:#f7f7f7;padding:8px;overflow:auto}
+figure{margin:0.6em 0} figcaption{color:#444;font-size:0.9em;max-width:110ch;margin-top:0.3em}
 """
 
 
@@ -488,11 +591,12 @@ def render_html(results: Sequence[Results]) -> str:
         if r.verdict.reasons:
             parts.append("<ul>" + "".join(f"<li>{html.escape(x)}</li>" for x in r.verdict.reasons) + "</ul>")
     parts += ["<h2>Key numbers</h2>", _html_table(_comparison_rows(results))]
-    for title, png in charts(results):
+    for title, caption, png in charts(results):
         data = base64.b64encode(png).decode("ascii")
         parts += [
             f"<h2>{html.escape(title)}</h2>",
-            f"<img alt='{html.escape(title)}' src='data:image/png;base64,{data}'>",
+            f"<figure><img alt='{html.escape(title)}' src='data:image/png;base64,{data}'>"
+            f"<figcaption>{html.escape(caption)}</figcaption></figure>",
         ]
     parts += [
         "<h2>Latency percentiles</h2>",
@@ -523,8 +627,10 @@ def _html_run_details(r: Results) -> list[str]:
     if r.capacity is not None:
         parts += [f"<h2>Capacity ({html.escape(label(r))})</h2>", _html_table(_capacity_rows(r))]
     if r.harness_overhead:
-        rows = [[k.replace("_", " "), fmt(v)] for k, v in r.harness_overhead.items()]
-        parts += ["<h3>Harness overhead</h3>", _html_table((["measure", "value"], rows))]
+        parts += [
+            f"<h3>Harness overhead ({html.escape(label(r))})</h3>",
+            _html_table(_overhead_rows(r.harness_overhead)),
+        ]
     profile = "\n".join(f"{k} = {v!r}" for k, v in sorted(r.run.profile.items()))
     parts += [
         f"<h2>Profile {html.escape(r.run.profile_name)} ({html.escape(label(r))})</h2>",

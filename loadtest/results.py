@@ -19,9 +19,11 @@ from typing import Any, TypeVar
 
 from loadtest.errors import HarnessError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 LAYERS = ("producer", "broker", "pipeline", "unknown")
 VERDICTS = ("PASS", "FAIL")
+SCOPES = ("steady", "drain", "whole run")
+"""What a figure covers: the steady phase, the drain, or the whole run (warm-up included)."""
 
 
 @dataclass(frozen=True)
@@ -68,7 +70,7 @@ class Series:
 
 @dataclass(frozen=True)
 class LatencySummary:
-    """Percentiles of one latency (milliseconds) from the HDR-style histogram."""
+    """Exact percentiles of one latency (milliseconds) over the messages of one phase (``scope``)."""
 
     name: str
     count: int
@@ -79,7 +81,25 @@ class LatencySummary:
     max: float
     min: float = math.nan
     mean: float = math.nan
-    relative_error: float = 0.01
+    scope: str = "steady"
+
+    def __post_init__(self) -> None:
+        if self.scope not in SCOPES:
+            raise ValueError(f"latency {self.name!r}: scope must be one of {SCOPES}, got {self.scope!r}")
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One headline figure of a run: what it is, the phase it covers, its value and unit."""
+
+    name: str
+    scope: str
+    value: float
+    unit: str = ""
+
+    def __post_init__(self) -> None:
+        if self.scope not in SCOPES:
+            raise ValueError(f"figure {self.name!r}: scope must be one of {SCOPES}, got {self.scope!r}")
 
 
 @dataclass(frozen=True)
@@ -224,7 +244,7 @@ class Results:
     latency: list[LatencySummary] = field(default_factory=list)
     resources: list[ResourceUsage] = field(default_factory=list)
     resource_series: list[Series] = field(default_factory=list)
-    summary: dict[str, float] = field(default_factory=dict)
+    summary: list[Figure] = field(default_factory=list)
     correctness: Correctness | None = None
     capacity: Capacity | None = None
     harness_overhead: dict[str, float] = field(default_factory=dict)
@@ -233,6 +253,15 @@ class Results:
     def __post_init__(self) -> None:
         if self.schema_version != SCHEMA_VERSION:
             raise ValueError(f"schema_version must be {SCHEMA_VERSION}, got {self.schema_version!r}")
+        seen: set[tuple[str, str]] = set()
+        for f in self.summary:
+            if (f.name, f.scope) in seen:
+                raise ValueError(f"summary states {f.name!r} ({f.scope}) twice")
+            seen.add((f.name, f.scope))
+
+    def figure(self, name: str, scope: str = "steady") -> float:
+        """The value of summary figure ``name`` over ``scope``; NaN when the run did not measure it."""
+        return next((f.value for f in self.summary if f.name == name and f.scope == scope), math.nan)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (NaN becomes null, because JSON has no NaN)."""
@@ -258,8 +287,13 @@ class Results:
             raise HarnessError("results.json must hold a JSON object")
         version = data.get("schema_version")
         if version != SCHEMA_VERSION:
+            run = data.get("run")
+            writer = run.get("versions", {}).get("sotw") if isinstance(run, dict) else None
+            by = f" (written by sotw {writer})" if writer else ""
             raise HarnessError(
-                f"results.json has schema_version {version!r}; this sotw reads version {SCHEMA_VERSION}"
+                f"results.json has schema_version {version!r}{by}; this sotw reads only version "
+                f"{SCHEMA_VERSION}: read it with the sotw that wrote it, or run the load test again "
+                "(docs/results-schema.md lists what each version changed)"
             )
         try:
             return _build(cls, data, "results")

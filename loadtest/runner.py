@@ -10,48 +10,37 @@ every part cleanly and still writes a partial report, marked as interrupted.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
-import platform
 import re
 import secrets
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import pandas as pd
-
+from loadtest import figures
 from loadtest.errors import HarnessError
-from loadtest.expect import Policy, read_ledger
+from loadtest.figures import Outcome
 from loadtest.processes import PipelineProcess, PipelineProcessConfig
 from loadtest.profile import Profile
-from loadtest.results import (
-    SCHEMA_VERSION,
-    Correctness,
-    LatencySummary,
-    Phase,
-    ResourceUsage,
-    Results,
-    RunInfo,
-    Series,
-    Verdict,
+from loadtest.results import Phase, Results
+from loadtest.samplers import (
+    KafkaLagProbe,
+    OutputProbe,
+    ProgressProbe,
+    ResourceProbe,
+    Sampler,
+    ThreadCpuProbe,
 )
-from loadtest.samplers import KafkaLagProbe, OutputProbe, ProgressProbe, ResourceProbe, Sampler
-from loadtest.verify import end_to_end, latency_summary, read_output, verify_run
-from pipeline.config import parse_trigger
-from pipeline.progress import input_messages
+from loadtest.verify import verify_run
 from simulator.producer import Simulator
 from sotw.broker import EmbeddedBroker
 from sotw.kafka import KafkaConfig
 
 log = logging.getLogger(__name__)
-
-COMPONENTS = ("broker", "pipeline", "harness")
 
 
 @dataclass(frozen=True)
@@ -170,17 +159,8 @@ def _run(
             output=out_root / "output",
             checkpoint=out_root / "checkpoint",
             pattern=re.escape(prefix) + ".*",
-            policy=profile.pipeline.policy,
-            trigger=profile.pipeline.trigger,
-            session_timeout=profile.pipeline.session_timeout,
-            extra_args=(
-                "--discovery-interval",
-                "1s",
-                "-q",
-                *_kafka_flags(kafka),
-                *profile.pipeline.extra_args,
-                *request.pipeline_args,
-            ),
+            settings=profile.pipeline,
+            extra_args=("-q", *_kafka_flags(kafka), *request.pipeline_args),
         ),
         log_path=out_root / "pipeline.log",
     )
@@ -199,6 +179,8 @@ def _run(
                 },
                 alone=("harness",),  # the harness's children are the broker and the pipeline
             ),
+            # Last: after the probes above have closed their short-lived Kafka clients.
+            "threads": ThreadCpuProbe(simulator_thread="sotw-simulator"),
         },
         run_dir / "samples.jsonl",
         phase=lambda: clock.current,
@@ -214,6 +196,9 @@ def _run(
         pipe.start()
         pipe.wait_ready(settings.pipeline_start_timeout_s)
         sampler.start()
+        # The probes' Kafka clients start their threads in the first sample: before the simulator's, which
+        # the harness-overhead figures tell apart by when they start.
+        sampler.wait_first_row(10.0)
         sim_stop = threading.Event()
 
         def produce() -> None:
@@ -278,18 +263,27 @@ def _run(
         code = pipe.stop()
         progress(f"pipeline stopped (exit code {code})")
     progress("verifying the output against the ledger")
-    policy = Policy(
-        profile.pipeline.policy,
-        window_messages=_extra_int(profile.pipeline.extra_args, "--window-messages"),
-        window_ms=_extra_int(profile.pipeline.extra_args, "--window-ms"),
-        timeouts_expire=not interrupted and drain_s is not None,
-    )
+    policy = profile.pipeline.verifier_policy(timeouts_expire=not interrupted and drain_s is not None)
+    verify_cpu0 = time.process_time()
     correctness = verify_run(
         run_dir, pipe.config.output, policy, kafka, pipeline_stopped=pipeline_failed is not None
     )
-    results = _results(
-        request, kafka, clock, sampler.rows, correctness, drain_s, pipeline_failed, interrupted
+    outcome = Outcome(
+        profile=profile,
+        load_factor=request.load_factor,
+        run_dir=run_dir,
+        command=request.command,
+        bootstrap=kafka.bootstrap,
+        started_ms=clock.started_ms,
+        phases=clock.phases,
+        samples=sampler.rows,
+        correctness=correctness,
+        drain_s=drain_s,
+        pipeline_failed=pipeline_failed,
+        interrupted=interrupted,
+        verify_cpu_s=time.process_time() - verify_cpu0,
     )
+    results = figures.results(outcome)
     results.to_json(run_dir / "results.json")
     return results
 
@@ -299,11 +293,6 @@ def _kafka_flags(kafka: KafkaConfig) -> list[str]:
     for key, value in kafka.settings.items():
         flags += ["-X", f"{key}={value}"]
     return flags
-
-
-def _extra_int(args: Sequence[str], flag: str) -> int | None:
-    args = list(args)
-    return int(args[args.index(flag) + 1]) if flag in args else None
 
 
 def _pipeline_warm(sampler: Sampler, elapsed: float, settings: Any) -> bool:
@@ -342,8 +331,8 @@ def _drain(sampler: Sampler, pipe: PipelineProcess, limit_s: float, stop: thread
 
 def _settle(profile: Profile, pipe: PipelineProcess, stop: threading.Event) -> None:
     """Wait for the session timeout plus two triggers, so sessions left open by the load are closed."""
-    timeout_ms = parse_trigger(profile.pipeline.session_timeout) or 0
-    trigger_ms = parse_trigger(profile.pipeline.trigger) or 1000
+    timeout_ms = profile.pipeline.session_timeout_ms
+    trigger_ms = profile.pipeline.trigger_ms
     deadline = time.monotonic() + (timeout_ms + 3 * trigger_ms) / 1000.0
     while time.monotonic() < deadline and not stop.is_set() and pipe.alive():
         time.sleep(0.25)
@@ -365,242 +354,3 @@ class _SimulatorProbe:
             "lateness_p99_ms": s.lateness_p99_ms,
             "faults_injected": sum(s.faults.values()),
         }
-
-
-# ------------------------------------------------------------------------------------------ results
-
-
-def _frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
-    return pd.DataFrame(rows) if rows else pd.DataFrame(columns=["t", "ts", "phase"])
-
-
-def _rate(df: pd.DataFrame, column: str) -> list[float]:
-    if column not in df or df.empty:
-        return [0.0] * len(df)
-    values = df[column].ffill().fillna(0).to_numpy(dtype=float)
-    dt = np.diff(df["ts"].to_numpy(dtype=float), prepend=np.nan)
-    rate = np.diff(values, prepend=values[0]) / np.where(dt > 0, dt, np.nan)
-    return [float(x) if np.isfinite(x) else 0.0 for x in rate]
-
-
-def _series(df: pd.DataFrame, t0_s: float) -> tuple[list[Series], list[Series], list[Series]]:
-    t = [float(x) for x in (df["ts"].to_numpy(dtype=float) - t0_s)] if not df.empty else []
-    throughput = [
-        Series("produced", "msg/s", t, _rate(df, "sent"), "simulator"),
-        Series("acknowledged", "msg/s", t, _rate(df, "acked"), "broker"),
-        Series("consumed", "msg/s", t, _rate(df, "consumed"), "pipeline"),
-        Series("written", "rows/s", t, _rate(df, "written_changes"), "pipeline"),
-    ]
-
-    def col(name: str) -> list[float]:
-        if name not in df:
-            return [0.0] * len(t)
-        return [float(x) for x in df[name].ffill().fillna(0).to_numpy(dtype=float)]
-
-    lag = [
-        Series("lag_offsets", "offsets", t, col("lag_offsets"), "pipeline"),
-        Series("lag_max_partition", "offsets", t, col("lag_max_partition"), "pipeline"),
-        Series("lag_age", "s", t, col("lag_age_s"), "pipeline"),
-    ]
-    resources = [Series(f"cpu_{c}", "% of a core", t, col(f"cpu_{c}"), c) for c in COMPONENTS] + [
-        Series(f"rss_{c}", "MB", t, col(f"rss_mb_{c}"), c) for c in COMPONENTS
-    ]
-    return throughput, lag, resources
-
-
-def _steady(df: pd.DataFrame) -> pd.DataFrame:
-    return df[df["phase"] == "steady"] if "phase" in df else df.iloc[0:0]
-
-
-def _resources(df: pd.DataFrame) -> list[ResourceUsage]:
-    steady = _steady(df)
-    out = []
-    for c in COMPONENTS:
-        cpu, rss = f"cpu_{c}", f"rss_mb_{c}"
-        if cpu not in steady or steady.empty:
-            continue
-        out.append(
-            ResourceUsage(
-                c,
-                float(steady[cpu].mean()),
-                float(steady[cpu].max()),
-                float(steady[rss].mean()),
-                float(steady[rss].max()),
-            )
-        )
-    return out
-
-
-def _latencies(run_dir: Path, output: Path) -> tuple[list[LatencySummary], list[Series], float]:
-    """End-to-end, publish and schedule-lateness percentiles, and e2e p99 over time."""
-    ledger = read_ledger(run_dir)
-    summaries: list[LatencySummary] = []
-    series: list[Series] = []
-    e2e = end_to_end(ledger, read_output(output))
-    t0 = float(ledger["intended_ts"].min()) / 1000.0 if not ledger.empty else 0.0
-    if not e2e.empty:
-        summaries.append(latency_summary("end_to_end", e2e["latency_ms"].to_numpy()))
-        buckets = ((e2e["committed_ms"] / 1000.0 - t0) // 5 * 5).astype(float)
-        grouped = e2e.groupby(buckets)["latency_ms"]
-        series.append(
-            Series(
-                "e2e_p50",
-                "ms",
-                list(grouped.median().index),
-                [float(v) for v in grouped.median()],
-                "pipeline",
-            )
-        )
-        q99 = grouped.quantile(0.99)
-        series.append(Series("e2e_p99", "ms", list(q99.index), [float(v) for v in q99], "pipeline"))
-    sent = ledger[(ledger["fault"] == "none") & ledger["sent_ts"].notna()]
-    if not sent.empty:
-        lateness = (sent["sent_ts"] - sent["intended_ts"]).to_numpy(dtype=float)
-        summaries.append(latency_summary("schedule_lateness", np.clip(lateness, 0, None)))
-    if "acked_ts" in ledger:
-        acked = ledger[ledger["acked_ts"].notna() & ledger["sent_ts"].notna()]
-        if not acked.empty:
-            summaries.append(
-                latency_summary("publish", (acked["acked_ts"] - acked["sent_ts"]).to_numpy(dtype=float))
-            )
-    return summaries, series, t0
-
-
-def _time_breakdown(progress_path: Path, steady_from_ms: int, steady_to_ms: int) -> dict[str, float]:
-    """Mean milliseconds per micro-batch in the steady phase, by step of Spark's trigger."""
-    rows = []
-    if progress_path.is_file():
-        for line in progress_path.read_text().splitlines():
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue
-            ts = pd.Timestamp(rec.get("timestamp")).value // 1_000_000 if rec.get("timestamp") else 0
-            if steady_from_ms <= ts <= steady_to_ms and input_messages(rec) > 0:
-                rows.append(rec)
-    if not rows:
-        return {}
-    keys = {
-        "latestOffset": "find new offsets (broker)",
-        "getBatch": "plan the batch",
-        "addBatch": "read + rebuild + write",
-        "walCommit": "checkpoint offsets",
-        "commitOffsets": "checkpoint commit",
-        "triggerExecution": "whole trigger",
-    }
-    out: dict[str, float] = {}
-    for key, name in keys.items():
-        values = [float((r.get("durationMs") or {}).get(key, 0)) for r in rows]
-        out[name] = float(np.mean(values))
-    state = [(r.get("stateOperators") or [{}])[0] for r in rows]
-    out["stateful step: update"] = float(np.mean([float(s.get("allUpdatesTimeMs", 0)) for s in state]))
-    out["stateful step: commit"] = float(np.mean([float(s.get("commitTimeMs", 0)) for s in state]))
-    return out
-
-
-def _results(
-    request: RunRequest,
-    kafka: KafkaConfig,
-    clock: _Clock,
-    rows: list[dict[str, Any]],
-    correctness: Correctness,
-    drain_s: float | None,
-    pipeline_failed: str | None,
-    interrupted: bool,
-) -> Results:
-    profile = request.profile
-    df = _frame(rows)
-    t0_s = clock.started_ms / 1000.0
-    throughput, lag, resource_series = _series(df, t0_s)
-    latency, latency_series, _ = _latencies(request.run_dir, request.run_dir / "pipeline" / "output")
-    steady = _steady(df)
-    steady_phase = next((p for p in clock.phases if p.name == "steady"), None)
-
-    def steady_rate(column: str) -> float:
-        if steady.empty or column not in steady or len(steady) < 2:
-            return 0.0
-        span = float(steady["ts"].iloc[-1] - steady["ts"].iloc[0])
-        return float(steady[column].iloc[-1] - steady[column].iloc[0]) / span if span > 0 else 0.0
-
-    lag_age = steady["lag_age_s"].dropna() if "lag_age_s" in steady else pd.Series(dtype=float)
-    summary: dict[str, float] = {
-        "target_rate": request.target_rate,
-        "produced_rate": steady_rate("sent"),
-        "acked_rate": steady_rate("acked"),
-        "consumed_rate": steady_rate("consumed"),
-        "written_rate": steady_rate("written_changes"),
-        "lag_age_p95_s": float(lag_age.quantile(0.95)) if not lag_age.empty else float("nan"),
-        "lag_age_max_s": float(lag_age.max()) if not lag_age.empty else float("nan"),
-        "lag_offsets_max": float(steady["lag_offsets"].max())
-        if "lag_offsets" in steady and len(steady)
-        else 0.0,
-        "drain_s": float("nan") if drain_s is None else drain_s,
-    }
-    for lat in latency:
-        summary[f"{lat.name}_p99_ms"] = lat.p99
-    reasons: list[str] = []
-    if interrupted:
-        reasons.append("the run was interrupted (Ctrl-C); results are partial")
-    if pipeline_failed and not correctness.must_stop:
-        reasons.append(pipeline_failed)
-    if drain_s is None and not interrupted and pipeline_failed is None:
-        reasons.append(
-            f"the pipeline did not catch up within {profile.run.drain_max_s:g} s after the load stopped"
-        )
-    if summary["lag_age_p95_s"] > profile.run.max_lag_s:
-        reasons.append(
-            f"lag during the steady phase: p95 age of the oldest unprocessed message "
-            f"{summary['lag_age_p95_s']:.1f} s > {profile.run.max_lag_s:g} s"
-        )
-    if summary["produced_rate"] < 0.9 * request.target_rate and not interrupted:
-        reasons.append(
-            f"the simulator produced {summary['produced_rate']:,.0f} msg/s, under 90% of the "
-            f"{request.target_rate:,.0f} msg/s asked for: the load generator or broker is the bottleneck"
-        )
-    if not correctness.passed:
-        reasons += [f"correctness: {r}" for r in correctness.reasons] or ["correctness checks failed"]
-    verdict = Verdict("FAIL" if reasons else "PASS", reasons)
-    progress_path = request.run_dir / "pipeline" / "output" / "progress.jsonl"
-    breakdown = (
-        _time_breakdown(progress_path, steady_phase.start_ms, steady_phase.end_ms) if steady_phase else {}
-    )
-    summary.update({f"time_ms: {k}": v for k, v in breakdown.items()})
-    harness_cpu = float(df["harness_cpu_s"].iloc[-1]) if "harness_cpu_s" in df and len(df) else 0.0
-    wall = max(1e-9, (clock.phases[-1].end_ms - clock.phases[0].start_ms) / 1000.0) if clock.phases else 1.0
-    import sotw
-
-    return Results(
-        run=RunInfo(
-            run_id=request.run_dir.name,
-            started_ms=clock.started_ms,
-            ended_ms=int(time.time() * 1000),
-            load_factor=request.load_factor,
-            policy=profile.pipeline.policy,
-            profile_name=profile.name,
-            profile=profile.as_dict(),
-            command=request.command,
-            bootstrap=kafka.bootstrap,
-            host={
-                "machine": platform.machine(),
-                "cpus": os.cpu_count() or 0,
-                "python": platform.python_version(),
-            },
-            versions={"sotw": sotw.__version__, "results_schema": str(SCHEMA_VERSION)},
-            interrupted=interrupted,
-        ),
-        verdict=verdict,
-        phases=clock.phases,
-        throughput=throughput,
-        lag=lag,
-        latency_series=latency_series,
-        latency=latency,
-        resources=_resources(df),
-        resource_series=resource_series,
-        summary=summary,
-        correctness=correctness,
-        harness_overhead={
-            "sampler_cpu_s": harness_cpu,
-            "sampler_cpu_percent_of_a_core": 100.0 * harness_cpu / wall,
-            "samples": float(len(df)),
-        },
-    )

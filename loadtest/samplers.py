@@ -13,15 +13,24 @@ import logging
 import re
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
 import psutil
-from confluent_kafka import TopicPartition
 
 from pipeline.progress import input_messages
 from sotw.kafka import EndOffsets, KafkaConfig
+from sotw.procstats import (
+    ProcessReading,
+    cpu_between,
+    family,
+    process_cpu,
+    read_processes,
+    thread_cpu,
+    thread_names,
+)
 
 log = logging.getLogger(__name__)
 
@@ -54,30 +63,78 @@ def checkpoint_position(checkpoint: Path) -> dict[tuple[str, int], int]:
     return {(t, int(p)): int(o) for t, parts in offsets.items() for p, o in parts.items()}
 
 
+class AppendTimes:
+    """When each offset of one partition reached the broker, estimated from its end offset seen over time.
+
+    Each end offset is kept with the first and the last time it was seen; the offsets from one end to the
+    next were appended between the last time the first was seen and the first time the next was, and are
+    dated by linear interpolation (the load is open-loop and steady within a second). This dates a
+    partition's oldest unprocessed message without fetching it, as Kafka lag exporters estimate lag in time
+    from an offset-time table. Entries the position has passed are dropped.
+    """
+
+    def __init__(self) -> None:
+        self._points: deque[list[float]] = deque()  # [first seen, last seen, end offset]
+
+    def seen(self, when: float, end: int) -> None:
+        """The partition's end offset was ``end`` at ``when`` (epoch seconds)."""
+        if self._points and end == self._points[-1][2]:
+            self._points[-1][1] = when
+        elif not self._points or end > self._points[-1][2]:
+            self._points.append([when, when, end])
+
+    def appended_at(self, offset: int) -> float | None:
+        """When the record at ``offset`` was appended (epoch seconds), or None if not yet seen.
+
+        A record below the first end seen is dated at the first sample: it was there then, and an age
+        measured from it is a lower bound.
+        """
+        points = self._points
+        while len(points) >= 2 and points[1][2] <= offset:
+            points.popleft()  # the position has passed this entry for good
+        if not points or points[-1][2] <= offset:
+            return None
+        first, _, end = points[0]
+        if end > offset:
+            return first
+        _, since, start = points[0]
+        until, _, end = points[1]
+        return since + (until - since) * (offset + 1 - start) / (end - start)
+
+
 class KafkaLagProbe:
     """Offsets behind the latest (total, max per partition) and the age of the oldest unprocessed message.
+
+    The end of a partition the pipeline is behind on is its reported high watermark (on Tansu up to one
+    record batch short); where the pipeline looks caught up, the true end is read (``sotw.kafka.EndOffsets``).
+    The age is dated from the end offsets this probe reads anyway (``AppendTimes``), so no record is fetched.
+    A partition that appears between two topic listings is dated from the earlier listing, when it did not
+    exist yet.
 
     Parameters
     ----------
     kafka
-        Cluster to read end offsets and timestamps from.
+        Cluster to read end offsets from.
     pattern
         The pipeline's topic regex.
     checkpoint
         The pipeline's checkpoint (its position).
+    list_every_s
+        How often topics are listed again (new sensors' topics).
     """
 
-    def __init__(self, kafka: KafkaConfig, pattern: str, checkpoint: Path, max_age_probes: int = 64) -> None:
+    def __init__(self, kafka: KafkaConfig, pattern: str, checkpoint: Path, list_every_s: float = 5.0) -> None:
         self._regex = re.compile(pattern)
         self._checkpoint = checkpoint
         self._ends = EndOffsets(kafka)
-        self._peek = kafka.consumer()
         self._partitions: list[tuple[str, int]] = []
-        self._listed = 0.0
-        self._max_age_probes = max_age_probes
+        self._list_every_s = list_every_s
+        self._listed: float | None = None  # epoch seconds of the last listing
+        self._appended: dict[tuple[str, int], AppendTimes] = {}
 
     def _topic_partitions(self) -> list[tuple[str, int]]:
-        if time.monotonic() - self._listed > 5.0:
+        now = time.time()
+        if self._listed is None or now - self._listed > self._list_every_s:
             # Listed on the client the offsets are read with: its metadata cache finds new partitions' leaders.
             meta = self._ends.admin.list_topics(timeout=10)
             self._partitions = sorted(
@@ -86,58 +143,42 @@ class KafkaLagProbe:
                 if self._regex.fullmatch(name)
                 for p in topic.partitions
             )
-            self._listed = time.monotonic()
+            for tp in self._partitions:
+                if tp not in self._appended:
+                    self._appended[tp] = AppendTimes()
+                    if self._listed is not None:
+                        self._appended[tp].seen(self._listed, 0)
+            self._listed = now
         return self._partitions
-
-    def close(self) -> None:
-        """Close the probe's Kafka consumer."""
-        self._peek.close()
 
     def sample(self) -> dict[str, Any]:
         """Lag totals now."""
         parts = self._topic_partitions()
-        ends = self._ends(parts)
         position = checkpoint_position(self._checkpoint)
-        behind = {tp: max(0, end - max(position.get(tp, low), low)) for tp, (low, end) in ends.items()}
-        lagging = sorted((tp for tp, n in behind.items() if n > 0), key=lambda tp: -behind[tp])
+        ends = self._ends.watermarks(parts)
+        # On Tansu the reported high watermark can be one record batch short of the true end, and finding the
+        # true end reads that batch: worth it only where the pipeline looks caught up, where the exact end
+        # decides whether any lag is left (the drain waits for zero).
+        caught_up = [tp for tp, (low, high) in ends.items() if max(position.get(tp, low), low) >= high]
+        if caught_up:
+            ends.update(self._ends(caught_up))
+        now = time.time()
+        behind: dict[tuple[str, int], int] = {}
+        oldest = now
+        for tp, (low, end) in ends.items():
+            at = max(position.get(tp, low), low)
+            behind[tp] = max(0, end - at)
+            appended = self._appended.setdefault(tp, AppendTimes())
+            appended.seen(now, end)
+            if behind[tp]:
+                oldest = min(oldest, appended.appended_at(at) or now)
         return {
             "lag_offsets": sum(behind.values()),
             "lag_max_partition": max(behind.values(), default=0),
-            "lag_age_s": self._oldest_age(lagging[: self._max_age_probes], position, ends),
+            "lag_age_s": round(now - oldest, 3),
             "topics": len({t for t, _ in parts}),
             "end_offsets_total": sum(end for _, end in ends.values()),
         }
-
-    def _oldest_age(
-        self,
-        lagging: list[tuple[str, int]],
-        position: Mapping[tuple[str, int], int],
-        ends: Mapping[tuple[str, int], tuple[int, int]],
-    ) -> float:
-        """Seconds since the oldest unprocessed message was produced (Kafka timestamp of the next record)."""
-        if not lagging:
-            return 0.0
-        self._peek.assign(
-            [
-                TopicPartition(t, p, max(position.get((t, p), ends[(t, p)][0]), ends[(t, p)][0]))
-                for t, p in lagging
-            ]
-        )
-        oldest: float | None = None
-        pending = set(lagging)
-        deadline = time.monotonic() + 0.5
-        try:
-            while pending and time.monotonic() < deadline:
-                for msg in self._peek.consume(num_messages=len(pending) * 50, timeout=0.1):
-                    tp = (msg.topic(), msg.partition())
-                    if msg.error() or tp not in pending:
-                        continue
-                    pending.discard(tp)
-                    ts = msg.timestamp()[1] / 1000.0
-                    oldest = ts if oldest is None else min(oldest, ts)
-        finally:
-            self._peek.unassign()
-        return 0.0 if oldest is None else max(0.0, time.time() - oldest)
 
 
 class OutputProbe:
@@ -203,6 +244,10 @@ class ProgressProbe:
 class ResourceProbe:
     """CPU (% of one core) and resident memory of named process trees.
 
+    Finding a tree's members means reading the parent of every process on the machine, so the members are
+    looked up every ``refresh_s`` seconds and only read in between; a process that starts in between is
+    counted from the next look-up on.
+
     Parameters
     ----------
     pids
@@ -210,47 +255,119 @@ class ResourceProbe:
         component's children (the pipeline's JVM and Python workers) are counted with it.
     alone
         Components measured without their children (the harness, whose children are the other components).
+    refresh_s
+        How often each tree's members are looked up again.
     """
 
-    def __init__(self, pids: Mapping[str, Callable[[], int | None]], alone: Iterable[str] = ()) -> None:
+    def __init__(
+        self, pids: Mapping[str, Callable[[], int | None]], alone: Iterable[str] = (), refresh_s: float = 5.0
+    ) -> None:
         self._pids = dict(pids)
         self._alone = frozenset(alone)
-        self._procs: dict[int, psutil.Process] = {}
+        self._refresh_s = refresh_s
+        self._members: dict[str, tuple[int | None, float, list[psutil.Process]]] = {}
+        self._last: dict[str, tuple[float, dict[int, ProcessReading]]] = {}
 
-    def _tree(self, pid: int, children: bool = True) -> Iterable[psutil.Process]:
-        try:
-            root = psutil.Process(pid)
-            family = [root, *root.children(recursive=True)] if children else [root]
-        except psutil.NoSuchProcess:
-            return []
-        out = []
-        for p in family:
-            # Keep one Process object per pid so cpu_percent() measures since the previous sample.
-            out.append(self._procs.setdefault(p.pid, p))
-        return out
+    def _family(self, name: str, root: int) -> list[psutil.Process]:
+        known = self._members.get(name)
+        if known is None or known[0] != root or time.monotonic() - known[1] > self._refresh_s:
+            known = (root, time.monotonic(), family(root, children=name not in self._alone))
+            self._members[name] = known
+        return known[2]
 
     def sample(self) -> dict[str, Any]:
         """CPU and memory per component."""
         row: dict[str, Any] = {}
         for name, get_pid in self._pids.items():
-            pid = get_pid()
-            cpu = rss = 0.0
-            if pid is not None:
-                for p in self._tree(pid, children=name not in self._alone):
-                    try:
-                        cpu += p.cpu_percent(None)
-                        rss += p.memory_info().rss
-                    except (psutil.NoSuchProcess, psutil.AccessDenied):
-                        continue
+            root = get_pid()
+            now = time.monotonic()
+            reading = read_processes(self._family(name, root)) if root is not None else {}
+            before = self._last.get(name)
+            cpu = 0.0
+            if before is not None and now > before[0]:
+                spent = cpu_between(before[1], reading)
+                # A process first seen now has no earlier reading to measure from: counted from the next.
+                cpu = 100.0 * sum(v for pid, v in spent.items() if pid in before[1]) / (now - before[0])
+            self._last[name] = (now, reading)
             row[f"cpu_{name}"] = round(cpu, 1)
-            row[f"rss_mb_{name}"] = round(rss / 2**20, 1)
+            row[f"rss_mb_{name}"] = round(sum(r.rss for r in reading.values()) / 2**20, 1)
         return row
+
+
+GROUPS = ("simulator", "sampler", "other")
+
+
+class ThreadCpuProbe:
+    """CPU seconds of the harness process's threads, cumulative, in groups: simulator, sampler, other.
+
+    The simulator runs in the harness process (thread ``simulator_thread``); its ledger writer and its
+    producer's librdkafka threads (``rdk:*``) start after it, so the Python and librdkafka threads first seen
+    once the simulator thread runs are counted as the simulator's, except the sampler's own. librdkafka
+    threads that were there before belong to the probes' Kafka clients and count as the sampler's, and so
+    does the CPU of threads that lived and ended between two samples (the short-lived consumers
+    ``EndOffsets`` reads a partition's end with; sample this probe last, after they are closed). A thread
+    that ends keeps its group for the CPU it had at its last sample; what it spent after that is counted
+    with the short-lived ones.
+
+    Parameters
+    ----------
+    simulator_thread, sampler_thread
+        The Python names of the simulator's and the sampler's threads.
+    """
+
+    def __init__(
+        self, simulator_thread: str = "sotw-simulator", sampler_thread: str = "sotw-sampler"
+    ) -> None:
+        self._simulator = simulator_thread
+        self._sampler = sampler_thread
+        self._group: dict[int, str] = {}
+        self._simulator_seen = False
+        self._cpu: dict[int, float] = {}  # each live thread's CPU seconds at the last sample
+        self._gone = dict.fromkeys(GROUPS, 0.0)  # CPU seconds of threads that ended, by group
+        self._unseen = 0.0  # CPU seconds of ended threads never sampled (or after their last sample)
+        self._classify(thread_names())
+
+    def _classify(self, names: Mapping[int, str]) -> None:
+        python = {t.native_id: t.name for t in threading.enumerate()}
+        self._simulator_seen = self._simulator_seen or self._simulator in python.values()
+        for tid, name in names.items():
+            if tid in self._group:
+                continue
+            if name == self._sampler:
+                group = "sampler"
+            elif name.startswith("rdk:"):
+                group = "simulator" if self._simulator_seen else "sampler"
+            elif self._simulator_seen and tid in python and name != "MainThread":
+                group = "simulator"
+            else:
+                group = "other"
+            self._group[tid] = group
+
+    def sample(self) -> dict[str, Any]:
+        """Cumulative CPU seconds per group, and of the whole process."""
+        process = process_cpu()
+        cpu = thread_cpu()
+        if any(tid not in self._group for tid in cpu):
+            self._classify(thread_names())
+        for tid in set(self._cpu) - set(cpu):
+            self._gone[self._group.get(tid, "other")] += self._cpu[tid]
+        self._cpu = cpu
+        totals = dict(self._gone)
+        for tid, seconds in cpu.items():
+            totals[self._group.get(tid, "other")] += seconds
+        # Threads that lived and ended between two samples are in the process's CPU but never in a listing.
+        self._unseen = max(self._unseen, process - sum(totals.values()))
+        totals["sampler"] += self._unseen
+        return {f"threads_cpu_s_{k}": round(v, 4) for k, v in totals.items()} | {
+            "threads_cpu_s_process": round(process, 4)
+        }
 
 
 class Sampler(threading.Thread):
     """Calls every probe once per ``interval`` seconds and keeps (and appends to ``path``) one row per call.
 
-    A failing probe is logged and skipped for that second; it must not end the run.
+    A failing probe is logged and skipped for that second; it must not end the run. Each probe's CPU time
+    in this thread is added up in the row as ``probe_cpu_s_<name>``.
     """
 
     def __init__(
@@ -267,8 +384,9 @@ class Sampler(threading.Thread):
         self._phase = phase
         self._halt = threading.Event()
         self.rows: list[dict[str, Any]] = []
-        self.cpu_seconds = 0.0
+        self.probe_cpu_s = dict.fromkeys(self._probes, 0.0)
         self._t0 = time.time()
+        self._first = threading.Event()
 
     def run(self) -> None:
         """Sample until stopped."""
@@ -276,24 +394,29 @@ class Sampler(threading.Thread):
         with self._path.open("a") as out:
             next_at = time.monotonic()
             while not self._halt.is_set():
-                cpu0 = time.thread_time()
                 row: dict[str, Any] = {
                     "t": round(time.time() - self._t0, 3),
                     "ts": time.time(),
                     "phase": self._phase(),
                 }
                 for name, probe in self._probes.items():
+                    cpu0 = time.thread_time()
                     try:
                         row.update(probe.sample())
                     except Exception as exc:  # a probe hiccup must not end the run
                         log.debug("probe %s failed: %s", name, exc)
-                self.cpu_seconds += time.thread_time() - cpu0
-                row["harness_cpu_s"] = round(self.cpu_seconds, 4)
+                    self.probe_cpu_s[name] += time.thread_time() - cpu0
+                row.update({f"probe_cpu_s_{k}": round(v, 4) for k, v in self.probe_cpu_s.items()})
                 self.rows.append(row)
+                self._first.set()
                 out.write(json.dumps(row) + "\n")
                 out.flush()
                 next_at += self._interval
                 self._halt.wait(max(0.0, next_at - time.monotonic()))
+
+    def wait_first_row(self, timeout: float) -> bool:
+        """Wait until the first row is taken (at most ``timeout`` seconds); True if it was."""
+        return self._first.wait(timeout)
 
     def stop(self) -> None:
         """Stop after the current sample."""

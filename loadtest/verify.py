@@ -33,13 +33,14 @@ from loadtest.expect import (
     read_ledger,
     read_truth,
 )
-from loadtest.histogram import LatencyHistogram
 from loadtest.results import Correctness, DamageWindow, Discrepancy, FaultScore, LatencySummary
 from loadtest.triage import Triager
 from sotw.kafka import KafkaConfig
 from sotw.wire import table_digest
 
 log = logging.getLogger(__name__)
+
+PERCENTILES = (50.0, 90.0, 99.0, 99.9)
 
 # Violation kinds the pipeline reports, and the injected fault each one detects.
 FAULT_OF_VIOLATION = {
@@ -568,9 +569,27 @@ def end_to_end(ledger: pd.DataFrame, output: PipelineOutput) -> pd.DataFrame:
     return result
 
 
-def latency_summary(name: str, latencies_ms: Any, relative_error: float = 0.01) -> LatencySummary:
-    """Percentiles of an array of latencies in ms, through the HDR-style histogram."""
-    hist = LatencyHistogram(relative_error=relative_error)
-    hist.record(np.asarray(latencies_ms, dtype=np.float64))
-    p = hist.summary()
-    return LatencySummary(name, p.count, p.p50, p.p90, p.p99, p.p99_9, p.max, p.min, p.mean, relative_error)
+def latency_summary(name: str, latencies_ms: Any, scope: str = "steady") -> LatencySummary:
+    """Exact percentiles of an array of latencies in ms (NaNs ignored; NaN figures when it is empty).
+
+    The whole array is in memory, so the percentiles are exact: each is a value that occurred (the smallest
+    value with at least that share of the values at or below it), not an interpolation between two.
+    """
+    values = np.asarray(latencies_ms, dtype=np.float64).ravel()
+    values = values[~np.isnan(values)]
+    if values.size == 0:
+        nan = math.nan
+        return LatencySummary(name, 0, nan, nan, nan, nan, nan, nan, nan, scope)
+    p50, p90, p99, p99_9 = (float(v) for v in np.percentile(values, PERCENTILES, method="inverted_cdf"))
+    return LatencySummary(
+        name,
+        int(values.size),
+        p50,
+        p90,
+        p99,
+        p99_9,
+        float(values.max()),
+        float(values.min()),
+        float(values.mean()),
+        scope,
+    )

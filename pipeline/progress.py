@@ -15,24 +15,22 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import psutil
 from pyspark.sql.streaming import StreamingQueryListener
+
+from sotw.procstats import read_tree, rss_by_kind
 
 log = logging.getLogger(__name__)
 
 
 def process_tree_rss() -> dict[str, int]:
     """Resident memory in bytes of this process, its JVM child and its Python worker children."""
-    me = psutil.Process()
-    out = {"driver_python": me.memory_info().rss, "jvm": 0, "python_workers": 0}
-    for child in me.children(recursive=True):
-        try:
-            name = " ".join(child.cmdline()[:3])
-            rss = child.memory_info().rss
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-        out["jvm" if "java" in name else "python_workers"] += rss
-    return out
+    by_kind = rss_by_kind(read_tree(kinds=True))
+    workers = by_kind.get("python_workers", 0) + by_kind.get("python_source_planner", 0)
+    return {
+        "driver_python": by_kind.get("driver_python", 0),
+        "jvm": by_kind.get("jvm", 0),
+        "python_workers": workers,
+    }
 
 
 IDLE_EVERY_S = 60.0

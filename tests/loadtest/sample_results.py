@@ -11,6 +11,7 @@ from loadtest.results import (
     DamageWindow,
     Discrepancy,
     FaultScore,
+    Figure,
     LatencySummary,
     Phase,
     ResourceUsage,
@@ -101,11 +102,14 @@ def sample_results(factor: float = 1.0, passed: bool = True, seed: int = 1) -> R
             Phase("drain", START + 45_000, START + 60_000),
         ],
         throughput=[Series("produced", "msg/s", t, produced), Series("written", "msg/s", t, written)],
-        lag=[Series("offsets behind (total)", "messages", t, lag)],
+        lag=[
+            Series("lag_offsets", "offsets", t, lag),
+            Series("lag_age", "s", t, [v / (1000.0 * factor) for v in lag]),
+        ],
         latency_series=[Series("end-to-end p99", "ms", t, lat)],
         latency=[
             LatencySummary(
-                "end-to-end",
+                "end_to_end",
                 84_000,
                 180.0 * factor,
                 240.0 * factor,
@@ -119,7 +123,14 @@ def sample_results(factor: float = 1.0, passed: bool = True, seed: int = 1) -> R
         ],
         resources=[ResourceUsage(c, v, v * 1.3, 100.0, 130.0) for c, v in cpu.items()],
         resource_series=resource_series,
-        summary={"drain_seconds": 9.5},
+        summary=[
+            Figure("target_rate", "steady", rate, "msg/s"),
+            Figure("produced_rate", "steady", rate, "msg/s"),
+            Figure("lag_age_p95", "steady", 0.3, "s"),
+            Figure("lag_age_max", "steady", 0.4, "s"),
+            Figure("end_to_end_p99", "steady", 410.0 * factor, "ms"),
+            Figure("drain_time", "drain", 9.5, "s"),
+        ],
         correctness=correctness,
         capacity=Capacity(
             steps=[CapacityStep(f, 2000 * f, 2000 * min(f, 6.5), f <= 6.0) for f in (1, 2, 4, 6, 8)],
@@ -129,5 +140,11 @@ def sample_results(factor: float = 1.0, passed: bool = True, seed: int = 1) -> R
             headroom=6.0,
             time_breakdown_ms={"broker": 120.0, "spark batch": 800.0, "stateful step": 450.0},
         ),
-        harness_overhead={"sampler_cpu_percent": 1.2},
+        harness_overhead={
+            "steady_s": 40.0,
+            "simulator_cpu_percent": 3.1,
+            "sampler_cpu_percent": 1.2,
+            "harness_cpu_percent": 1.3,
+            "verifier_cpu_s": 2.5,
+        },
     )

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from loadtest.errors import HarnessError
-from loadtest.results import SCHEMA_VERSION, Results, Series, Triage, Verdict
+from loadtest.results import SCHEMA_VERSION, Figure, Results, Series, Triage, Verdict
 from tests.loadtest.sample_results import sample_results
 
 
@@ -36,6 +37,29 @@ def test_a_different_schema_version_is_rejected_with_both_versions_named() -> No
     data["schema_version"] = SCHEMA_VERSION + 1
     with pytest.raises(HarnessError, match=f"schema_version {SCHEMA_VERSION + 1}.*version {SCHEMA_VERSION}"):
         Results.from_dict(data)
+
+
+def test_a_version_1_file_is_refused_naming_the_sotw_that_wrote_it_and_the_way_out() -> None:
+    data = sample_results().to_dict()
+    data["schema_version"] = 1
+    data["run"]["versions"] = {"sotw": "0.0.9"}
+    data["summary"] = {"lag_age_max_s": 3.7}  # version 1's flat map
+    with pytest.raises(
+        HarnessError, match=r"schema_version 1 \(written by sotw 0.0.9\).*read it with the sotw"
+    ):
+        Results.from_dict(data)
+
+
+def test_a_figure_is_stated_once_per_phase_and_read_by_name_and_phase() -> None:
+    result = sample_results(10.0)
+    assert result.figure("end_to_end_p99") == 4100.0
+    assert result.figure("drain_time", "drain") == 9.5
+    assert math.isnan(result.figure("drain_time"))  # not a steady-phase figure
+    twice = [*result.summary, Figure("end_to_end_p99", "steady", 1.0, "ms")]
+    with pytest.raises(ValueError, match="'end_to_end_p99' \\(steady\\) twice"):
+        replace(result, summary=twice)
+    with pytest.raises(ValueError, match="scope must be one of"):
+        Figure("lag_age_max", "warm-up", 1.0, "s")
 
 
 @pytest.mark.parametrize(

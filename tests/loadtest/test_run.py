@@ -15,12 +15,13 @@ from sotw.kafka import KafkaConfig
 
 @pytest.fixture(scope="module")
 def smoke():
-    """The smoke profile, with lag and drain bounds wide enough for a busy 2-core CI machine.
+    """The smoke profile, with lag, latency and drain bounds wide enough for a busy 2-core CI machine.
 
     The verdict's speed criteria are exercised by the benchmarks; here the run must be correct and drain.
     """
     profile = load_profile("smoke")
-    return dataclasses.replace(profile, run=dataclasses.replace(profile.run, max_lag_s=600, drain_max_s=300))
+    wide = dataclasses.replace(profile.run, max_lag_s=600, max_end_to_end_p99_s=None, drain_max_s=300)
+    return dataclasses.replace(profile, run=wide)
 
 
 def test_a_short_run_passes_and_writes_its_report(smoke, kafka: KafkaConfig, tmp_path):
@@ -31,8 +32,15 @@ def test_a_short_run_passes_and_writes_its_report(smoke, kafka: KafkaConfig, tmp
     assert result.correctness.rows_repeated == 0
     assert {p.name for p in result.phases} >= {"warmup", "steady", "drain"}
     e2e = next(lat for lat in result.latency if lat.name == "end_to_end")
-    assert 0 < e2e.p50 <= e2e.p99 <= e2e.max
+    assert e2e.scope == "steady" and 0 < e2e.p50 <= e2e.p99 <= e2e.max
+    assert result.figure("end_to_end_p99") == e2e.p99
     assert any(lat.name == "publish" for lat in result.latency)
+    overhead = result.harness_overhead
+    assert overhead["simulator_cpu_percent"] > 0 and overhead["sampler_cpu_percent"] > 0
+    assert overhead["process_cpu_percent"] == pytest.approx(
+        overhead["simulator_cpu_percent"] + overhead["sampler_cpu_percent"] + overhead["other_cpu_percent"],
+        abs=0.5,
+    )
     saved = Results.from_json(tmp_path / "run" / "results.json")
     assert saved.verdict.verdict == "PASS"
     samples = [json.loads(line) for line in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
