@@ -183,6 +183,12 @@ class EmbeddedBroker(contextlib.AbstractContextManager["EmbeddedBroker"]):
         return self._s3.endpoint if self._s3 is not None else None
 
     @property
+    def pids(self) -> dict[str, int]:
+        """Process ids of the running parts: ``tansu``, and ``s3`` when durable (for resource sampling)."""
+        procs = {"tansu": self.process, "s3": self._s3.process if self._s3 is not None else None}
+        return {name: p.pid for name, p in procs.items() if p is not None and p.poll() is None}
+
+    @property
     def paused(self) -> bool:
         """True between ``pause`` and ``resume``."""
         return self._paused_ms is not None
