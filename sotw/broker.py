@@ -16,7 +16,6 @@ import subprocess
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
@@ -24,7 +23,9 @@ from confluent_kafka.admin import AdminClient
 
 from sotw.errors import BrokerError
 from sotw.objectstore import LocalS3
+from sotw.outage import Outage, now_ms
 from sotw.processgroup import ProcessGroup, stop_process
+from sotw.proxy import TcpProxy
 
 log = logging.getLogger(__name__)
 
@@ -75,38 +76,6 @@ def wait_for_kafka(bootstrap: str, timeout: float, settings: dict[str, str] | No
     )
 
 
-def _now_ms() -> int:
-    return int(time.time() * 1000)
-
-
-@dataclass(frozen=True)
-class Outage:
-    """One incident on the embedded broker, with its window in epoch milliseconds (as run phases are).
-
-    Attributes
-    ----------
-    kind
-        ``"pause"`` (process frozen), ``"restart"`` (SIGTERM, then started again) or ``"kill"`` (SIGKILL, then
-        started again).
-    down_ms
-        When the broker stopped serving: the signal was sent.
-    up_ms
-        When it served again: SIGCONT sent, or the restarted broker answered a metadata request.
-    kept_data
-        False if the broker came back without the records, topics, offsets and producer ids it had.
-    """
-
-    kind: str
-    down_ms: int
-    up_ms: int
-    kept_data: bool = True
-
-    @property
-    def duration_s(self) -> float:
-        """Seconds from down to up."""
-        return (self.up_ms - self.down_ms) / 1000.0
-
-
 class EmbeddedBroker(contextlib.AbstractContextManager["EmbeddedBroker"]):
     """A Tansu broker process on loopback, started on enter and stopped on exit, with incidents for drills.
 
@@ -135,13 +104,18 @@ class EmbeddedBroker(contextlib.AbstractContextManager["EmbeddedBroker"]):
     stop_grace_s
         Seconds a SIGTERM gets before SIGKILL, on ``restart`` and ``stop``: Tansu does not exit on SIGTERM
         while clients are connected, so this is how long a graceful stop takes when they are.
+    proxied
+        Put a ``TcpProxy`` on ``port`` and Tansu on a private port behind it, advertising the proxy's address,
+        so that every client goes through the proxy and ``proxy.cut``/``proxy.freeze`` reach them all.
 
     Attributes
     ----------
     process
         The running Tansu process (None while stopped or between the halves of a restart).
     outages
-        Every finished incident, oldest first.
+        Every finished incident, oldest first (the proxy keeps its own in ``proxy.outages``).
+    proxy
+        The proxy in front of Tansu when ``proxied``, else None.
     """
 
     def __init__(
@@ -152,6 +126,7 @@ class EmbeddedBroker(contextlib.AbstractContextManager["EmbeddedBroker"]):
         log_path: Path | None = None,
         durable: bool = False,
         stop_grace_s: float = 5.0,
+        proxied: bool = False,
     ) -> None:
         self.host = host
         self.port = port
@@ -159,7 +134,10 @@ class EmbeddedBroker(contextlib.AbstractContextManager["EmbeddedBroker"]):
         self.log_path = log_path
         self.durable = durable
         self.stop_grace_s = stop_grace_s
+        self.proxied = proxied
         self.process: subprocess.Popen[bytes] | None = None
+        self.proxy: TcpProxy | None = None
+        self._listen_port = port
         self.outages: list[Outage] = []
         self._group: ProcessGroup | None = None
         self._s3: LocalS3 | None = None
@@ -207,6 +185,10 @@ class EmbeddedBroker(contextlib.AbstractContextManager["EmbeddedBroker"]):
                 self.log_path = Path(tempfile.mkstemp(prefix="sotw-tansu-", suffix=".log")[1])
             self._group = ProcessGroup()
             try:
+                self._listen_port = self.port
+                if self.proxied:
+                    self._listen_port = free_port(self.host)
+                    self.proxy = TcpProxy(self.host, self._listen_port, self.host, self.port).start()
                 if self.durable:
                     s3_log = self.log_path.with_name(f"{self.log_path.stem}-s3{self.log_path.suffix}")
                     self._s3 = LocalS3(
@@ -232,16 +214,23 @@ class EmbeddedBroker(contextlib.AbstractContextManager["EmbeddedBroker"]):
 
     def _start_tansu(self, binary: str) -> None:
         assert self._group is not None and self.log_path is not None
-        if port_in_use(self.host, self.port):
-            raise BrokerError(f"port {self.port} on {self.host} was taken while the broker was down")
-        url = f"tcp://{self.host}:{self.port}"
+        if port_in_use(self.host, self._listen_port):
+            raise BrokerError(f"port {self._listen_port} on {self.host} was taken while the broker was down")
+        listen = f"tcp://{self.host}:{self._listen_port}"
         # Exactly these variables: Tansu also reads its options (STORAGE_ENGINE, LISTENER_URL...) and AWS
         # settings from the environment, and ours must not change them.
         env = self._s3.tansu_env() if self._s3 is not None else {}
-        args = [binary, "broker", "--listener-url", url, "--advertised-listener-url", url]
+        args = [
+            binary,
+            "broker",
+            "--listener-url",
+            listen,
+            "--advertised-listener-url",
+            f"tcp://{self.bootstrap}",
+        ]
         self.process = self._group.spawn([*args, "--storage-engine", self.storage_url], env, self.log_path)
         deadline = time.monotonic() + self.start_timeout
-        while not port_in_use(self.host, self.port):
+        while not port_in_use(self.host, self._listen_port):
             if self.process.poll() is not None:
                 raise BrokerError(
                     f"the embedded broker exited with code {self.process.returncode} while starting; "
@@ -271,7 +260,7 @@ class EmbeddedBroker(contextlib.AbstractContextManager["EmbeddedBroker"]):
             self.check_alive()
             if self._paused_ms is None:
                 assert self.process is not None
-                self._paused_ms = _now_ms()
+                self._paused_ms = now_ms()
                 self.process.send_signal(signal.SIGSTOP)
 
     def resume(self) -> Outage | None:
@@ -281,7 +270,7 @@ class EmbeddedBroker(contextlib.AbstractContextManager["EmbeddedBroker"]):
                 return None
             if self.process is not None:
                 self.process.send_signal(signal.SIGCONT)
-            outage = Outage("pause", self._paused_ms, _now_ms())
+            outage = Outage("pause", self._paused_ms, now_ms())
             self._paused_ms = None
             self.outages.append(outage)
             return outage
@@ -320,14 +309,14 @@ class EmbeddedBroker(contextlib.AbstractContextManager["EmbeddedBroker"]):
             self.check_alive()
             self.resume()
             assert self.process is not None
-            down_ms = _now_ms()
+            down_ms = now_ms()
             stop_process(self.process, self.stop_grace_s, kill=kill)
             self.process = None
             if self.durable and lose_data:
                 self._new_bucket()
             time.sleep(downtime_s)
             self._start_tansu(tansu_binary())
-            outage = Outage("kill" if kill else "restart", down_ms, _now_ms(), kept_data=not lose_data)
+            outage = Outage("kill" if kill else "restart", down_ms, now_ms(), kept_data=not lose_data)
             self.outages.append(outage)
             log.info(
                 "embedded broker back on %s after %.2f s (%s)", self.bootstrap, outage.duration_s, outage
@@ -344,6 +333,9 @@ class EmbeddedBroker(contextlib.AbstractContextManager["EmbeddedBroker"]):
             proc, self.process = self.process, None
             if proc is not None:
                 stop_process(proc, self.stop_grace_s if timeout is None else timeout)
+            proxy, self.proxy = self.proxy, None
+            if proxy is not None:
+                proxy.stop()
             s3, self._s3 = self._s3, None
             if s3 is not None:
                 s3.stop()
