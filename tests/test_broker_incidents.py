@@ -10,15 +10,13 @@ from collections.abc import Iterator
 
 import psutil
 import pytest
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import KafkaError
 from confluent_kafka.admin import AdminClient
 
-from simulator.config import DEFAULT_PRODUCER
 from sotw.broker import EmbeddedBroker, Outage, port_in_use
 from sotw.errors import BrokerError
 from sotw.kafka import EndOffsets, KafkaConfig, ensure_topics
-
-PARTITIONS = 3
+from tests.deliveries import PARTITIONS, Deliveries, filled, read_all
 
 
 @pytest.fixture(scope="module")
@@ -34,44 +32,6 @@ def memory() -> Iterator[EmbeddedBroker]:
         yield broker
 
 
-class Deliveries:
-    """An idempotent producer with the simulator's settings that counts acknowledgements and errors."""
-
-    def __init__(self, bootstrap: str, **overrides: str) -> None:
-        self.acked: list[int] = []
-        self.errors: list[KafkaError] = []
-        self.producer = Producer({"bootstrap.servers": bootstrap, **DEFAULT_PRODUCER, **overrides})
-
-    def _done(self, err: KafkaError | None, msg) -> None:
-        if err is None:
-            self.acked.append(int(msg.value()))
-        else:
-            self.errors.append(err)
-
-    def send(self, topic: str, values: range) -> None:
-        for i in values:
-            self.producer.produce(topic, value=b"%d" % i, partition=i % PARTITIONS, on_delivery=self._done)
-            self.producer.poll(0)
-
-    def flush(self, timeout: float = 30.0) -> int:
-        return self.producer.flush(timeout)
-
-
-def read_all(bootstrap: str, topic: str, want: int, timeout: float = 20.0) -> list[int]:
-    """Every value in ``topic`` read by assign from offset 0 (no group), waiting for ``want`` of them."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "unused", "enable.auto.commit": False})
-    consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
-    values: list[int] = []
-    deadline = time.monotonic() + timeout
-    try:
-        while len(values) < want and time.monotonic() < deadline:
-            values += [int(m.value()) for m in consumer.consume(10_000, 0.2) if not m.error()]
-        values += [int(m.value()) for m in consumer.consume(10_000, 0.5) if not m.error()]  # nothing more
-    finally:
-        consumer.close()
-    return values
-
-
 def topics(bootstrap: str) -> set[str]:
     return set(AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=10).topics)
 
@@ -79,10 +39,7 @@ def topics(bootstrap: str) -> set[str]:
 @pytest.mark.parametrize("kill", [False, True], ids=["sigterm", "sigkill"])
 def test_a_durable_broker_restarted_keeps_every_acknowledged_record(durable, unique_prefix, kill):
     topic = unique_prefix() + "restart"
-    ensure_topics(KafkaConfig(durable.bootstrap), {topic: PARTITIONS})
-    sender = Deliveries(durable.bootstrap)
-    sender.send(topic, range(10_000))
-    assert sender.flush() == 0
+    sender = filled(durable.bootstrap, topic, 10_000)
     outage = durable.restart(kill=kill)
     # The same producer goes on after the restart: the broker still knows its producer id and sequences.
     sender.send(topic, range(10_000, 20_000))
@@ -113,11 +70,7 @@ def test_restarting_a_memory_broker_must_be_asked_to_lose_data(memory):
 
 def test_a_memory_broker_restarted_comes_back_without_topics_records_or_producer_ids(memory, unique_prefix):
     topic = unique_prefix() + "gone"
-    kafka = KafkaConfig(memory.bootstrap)
-    ensure_topics(kafka, {topic: PARTITIONS})
-    sender = Deliveries(memory.bootstrap, **{"message.timeout.ms": "3000"})
-    sender.send(topic, range(300))
-    assert sender.flush() == 0 and len(sender.acked) == 300
+    sender = filled(memory.bootstrap, topic, 300, **{"message.timeout.ms": "3000"})
     port = memory.port
     outage = memory.restart(kill=True, lose_data=True)
     assert memory.port == port and not outage.kept_data
@@ -128,7 +81,7 @@ def test_a_memory_broker_restarted_comes_back_without_topics_records_or_producer
     assert len(sender.acked) == 300 and len(sender.errors) == 100
     assert {e.code() for e in sender.errors} == {KafkaError._MSG_TIMED_OUT}
     # Its metadata requests re-created the topic, empty and with the broker's default partition count.
-    ends = EndOffsets(kafka)([(topic, p) for p in range(PARTITIONS)])
+    ends = EndOffsets(KafkaConfig(memory.bootstrap))([(topic, p) for p in range(PARTITIONS)])
     assert set(ends.values()) == {(0, 0)}
     # A new producer works at once.
     fresh = Deliveries(memory.bootstrap)
@@ -139,10 +92,7 @@ def test_a_memory_broker_restarted_comes_back_without_topics_records_or_producer
 
 def test_a_paused_broker_holds_deliveries_until_it_resumes(memory, unique_prefix):
     topic = unique_prefix() + "pause"
-    ensure_topics(KafkaConfig(memory.bootstrap), {topic: PARTITIONS})
-    sender = Deliveries(memory.bootstrap)
-    sender.send(topic, range(1000))
-    assert sender.flush() == 0
+    sender = filled(memory.bootstrap, topic, 1000)
     memory.pause()
     memory.pause()  # idempotent
     assert memory.paused

@@ -7,8 +7,7 @@ from collections.abc import Iterator
 import pytest
 
 from sotw.broker import EmbeddedBroker, port_in_use
-from sotw.kafka import KafkaConfig, ensure_topics
-from tests.test_broker_incidents import PARTITIONS, Deliveries, read_all
+from tests.deliveries import filled, read_all
 
 
 @pytest.fixture(scope="module")
@@ -19,9 +18,7 @@ def proxied() -> Iterator[EmbeddedBroker]:
 
 def test_a_cut_in_the_middle_of_a_produce_loses_and_repeats_nothing(proxied, unique_prefix):
     topic = unique_prefix() + "cut"
-    ensure_topics(KafkaConfig(proxied.bootstrap), {topic: PARTITIONS})
-    sender = Deliveries(proxied.bootstrap)
-    sender.send(topic, range(10_000))
+    sender = filled(proxied.bootstrap, topic, 10_000)
     assert proxied.proxy is not None
     refused: list[bool] = []
 
@@ -44,10 +41,7 @@ def test_a_cut_in_the_middle_of_a_produce_loses_and_repeats_nothing(proxied, uni
 
 def test_a_frozen_proxy_holds_deliveries_until_thawed(proxied, unique_prefix):
     topic = unique_prefix() + "freeze"
-    ensure_topics(KafkaConfig(proxied.bootstrap), {topic: PARTITIONS})
-    sender = Deliveries(proxied.bootstrap)
-    sender.send(topic, range(500))
-    assert sender.flush() == 0
+    sender = filled(proxied.bootstrap, topic, 500)
     assert proxied.proxy is not None
     proxied.proxy.freeze()
     proxied.proxy.freeze()  # idempotent
@@ -64,10 +58,7 @@ def test_a_frozen_proxy_holds_deliveries_until_thawed(proxied, unique_prefix):
 def test_a_restart_behind_the_proxy_keeps_the_clients_address(unique_prefix):
     with EmbeddedBroker(proxied=True, durable=True, stop_grace_s=1.0) as broker:
         topic = unique_prefix() + "behind"
-        ensure_topics(KafkaConfig(broker.bootstrap), {topic: PARTITIONS})
-        sender = Deliveries(broker.bootstrap)
-        sender.send(topic, range(1000))
-        assert sender.flush() == 0
+        sender = filled(broker.bootstrap, topic, 1000)
         broker.restart(kill=True)
         sender.send(topic, range(1000, 2000))
         assert sender.flush() == 0 and sender.errors == []
