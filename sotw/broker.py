@@ -264,7 +264,7 @@ class EmbeddedBroker(contextlib.AbstractContextManager["EmbeddedBroker"]):
                 self.process.send_signal(signal.SIGSTOP)
 
     def resume(self) -> Outage | None:
-        """Let a paused broker run again (SIGCONT); return the pause as an ``Outage``, or None if not paused."""
+        """Let a paused broker run again (SIGCONT); return the pause as an ``Outage`` (None if not paused)."""
         with self._lock:
             if self._paused_ms is None:
                 return None
@@ -281,8 +281,8 @@ class EmbeddedBroker(contextlib.AbstractContextManager["EmbeddedBroker"]):
         Clients see their connections closed and new ones refused for the downtime, then reconnect to the
         same bootstrap address on their own (librdkafka backs off up to ``reconnect.backoff.max.ms``). On
         SIGTERM, Tansu 0.6.0 stops answering new connections but keeps serving open ones and does not exit
-        while any client stays connected, so with clients about a graceful restart is ``stop_grace_s`` of
-        half service ended by SIGKILL all the same.
+        while any client stays connected, so with clients connected a graceful restart is ``stop_grace_s``
+        of half service ended by SIGKILL all the same.
 
         Parameters
         ----------

@@ -1,9 +1,9 @@
 """A local S3 server (moto's) that gives the embedded broker storage surviving its own restarts.
 
-Tansu's ``s3://`` engine keeps every batch and every bit of metadata as an object. Served by a separate process
-on loopback, those objects outlive the Tansu process, so a broker restarted on the same bucket comes back with
-every acknowledged record. They live in moto's memory: they are lost when moto stops, which happens only when
-the broker is closed.
+Tansu's ``s3://`` engine keeps every batch and every bit of metadata as an object. Served by a separate
+process on loopback, those objects outlive the Tansu process, so a broker restarted on the same bucket comes
+back with every acknowledged record. They live in moto's memory: they are lost when moto stops, which happens
+only when the broker is closed.
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """Child processes that never outlive the process that started them.
 
-The embedded broker runs Tansu (and, when durable, a local S3 server) as child processes. If the harness dies
-without running its clean-up (SIGKILL, an out-of-memory kill, a crash in native code), those children would keep
-their ports and memory forever. A parent-death signal (``PR_SET_PDEATHSIG``) is not enough: it fires when the
-*thread* that started the child exits, so a broker restarted from a drill's thread would die with that thread.
+The embedded broker runs Tansu (and, when durable, a local S3 server) as child processes. If the harness
+dies without running its clean-up (SIGKILL, an out-of-memory kill, a crash in native code), those children
+would keep their ports and memory forever. A parent-death signal (``PR_SET_PDEATHSIG``) is not enough: it
+fires when the *thread* that started the child exits, so a broker restarted from a drill's thread would die
+with that thread.
 
 Instead each ``ProcessGroup`` starts a tiny watchdog process that leads a new process group and reads a pipe
 from us. Every child joins that group. The pipe reaches end-of-file only when we close it or die, whichever
@@ -63,7 +64,7 @@ class ProcessGroup:
 
 
 def stop_process(proc: subprocess.Popen[bytes], grace_s: float = 5.0, kill: bool = False) -> None:
-    """Stop ``proc`` and reap it: SIGTERM, then SIGKILL after ``grace_s`` seconds; SIGKILL at once if ``kill``."""
+    """Stop and reap ``proc``: SIGTERM, then SIGKILL after ``grace_s`` seconds (at once if ``kill``)."""
     if proc.poll() is not None:
         return
     if kill:

@@ -93,7 +93,7 @@ class TcpProxy(contextlib.AbstractContextManager["TcpProxy"]):
             return outage
 
     def freeze(self) -> None:
-        """Stop passing bytes in both directions, connections kept open (new ones wait too); no-op if frozen."""
+        """Stop passing bytes either way, connections kept open (new ones wait too); no-op if frozen."""
         with self._lock:
             if self._frozen_ms is None:
                 self._frozen_ms = now_ms()
