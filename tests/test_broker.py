@@ -1,7 +1,7 @@
 import subprocess
 import sys
-import time
 
+import psutil
 import pytest
 from confluent_kafka import Producer
 
@@ -40,19 +40,29 @@ def test_a_taken_port_is_refused(bootstrap: str):
         EmbeddedBroker(port=int(port)).start()
 
 
-def test_sotw_broker_prints_its_address_and_stops_on_sigterm():
+@pytest.mark.parametrize("flags", [[], ["--durable"]], ids=["memory", "durable"])
+def test_sotw_broker_prints_its_address_and_stops_on_sigterm_leaving_no_process(flags):
     proc = subprocess.Popen(
-        [sys.executable, "-m", "sotw", "broker"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [sys.executable, "-m", "sotw", "broker", *flags],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         line = proc.stdout.readline()
         assert line.startswith("broker ready: --bootstrap 127.0.0.1:")
         address = line.split()[-1]
+        storage = proc.stdout.readline()
+        assert storage.startswith("storage: s3://" if flags else "storage: memory://")
         wait_for_kafka(address, timeout=5)
+        children = psutil.Process(proc.pid).children(recursive=True)
+        assert len(children) == (3 if flags else 2)  # watchdog, Tansu and, when durable, the S3 server
         proc.terminate()
         assert proc.wait(10) == 0
-        time.sleep(0.2)
+        _, alive = psutil.wait_procs(children, timeout=2)
+        assert alive == []
         host, port = address.split(":")
         assert not port_in_use(host, int(port))
     finally:
         proc.kill()
+        proc.wait()

@@ -1,0 +1,79 @@
+"""Child processes that never outlive the process that started them.
+
+The embedded broker runs Tansu (and, when durable, a local S3 server) as child processes. If the harness
+dies without running its clean-up (SIGKILL, an out-of-memory kill, a crash in native code), those children
+would keep their ports and memory forever. A parent-death signal (``PR_SET_PDEATHSIG``) is not enough: it
+fires when the *thread* that started the child exits, so a broker restarted from a drill's thread would die
+with that thread.
+
+Instead each ``ProcessGroup`` starts a tiny watchdog process that leads a new process group and reads a pipe
+from us. Every child joins that group. The pipe reaches end-of-file only when we close it or die, whichever
+comes first; the watchdog then kills the whole group, itself included. The group id stays valid as long as the
+watchdog lives, so no unrelated process that reuses a child's pid can be hit.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+# Runs in the watchdog: wait for end-of-file on stdin, then SIGKILL the group (stopped members too).
+_WATCHDOG = "import os, signal\nwhile os.read(0, 64):\n    pass\nos.killpg(0, signal.SIGKILL)\n"
+
+
+class ProcessGroup:
+    """A process group whose members are killed when it is closed or when this process dies.
+
+    Its members are in a process group of their own, so a Ctrl-C at the terminal reaches only this process,
+    which then stops them in order.
+    """
+
+    def __init__(self) -> None:
+        self._watchdog = subprocess.Popen(
+            [sys.executable, "-c", _WATCHDOG],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            process_group=0,
+        )
+
+    @property
+    def pgid(self) -> int:
+        """The id of the group (the watchdog's pid)."""
+        return self._watchdog.pid
+
+    def spawn(self, args: Sequence[str], env: Mapping[str, str], log_path: Path) -> subprocess.Popen[bytes]:
+        """Start ``args`` in the group with exactly ``env``, its output appended to ``log_path``."""
+        with open(log_path, "ab") as out:
+            return subprocess.Popen(
+                list(args),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=dict(env),
+                process_group=self.pgid,
+            )
+
+    def close(self) -> None:
+        """Kill whatever is left in the group and wait for the watchdog to exit."""
+        if self._watchdog.stdin is not None and not self._watchdog.stdin.closed:
+            self._watchdog.stdin.close()
+        self._watchdog.wait()
+
+
+def stop_process(proc: subprocess.Popen[bytes], grace_s: float = 5.0, kill: bool = False) -> None:
+    """Stop and reap ``proc``: SIGTERM, then SIGKILL after ``grace_s`` seconds (at once if ``kill``)."""
+    if proc.poll() is not None:
+        return
+    if kill:
+        proc.kill()
+    else:
+        proc.terminate()
+        try:
+            proc.wait(grace_s)
+            return
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    proc.wait()
