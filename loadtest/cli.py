@@ -1,7 +1,7 @@
-"""``sotw run``, ``sotw bench`` and ``sotw capacity``: the harness's commands.
+"""``sotw run``, ``sotw bench``, ``sotw capacity`` and ``sotw drill``: the harness's commands.
 
-The first argument is the command name (the dispatcher passes it on), so the three share one parser builder and
-one way of turning flags into a ``Profile`` and a run directory.
+The first argument is the command name (the dispatcher passes it on), so they share one parser builder and one
+way of turning flags into a ``Profile`` and a run directory.
 """
 
 from __future__ import annotations
@@ -13,15 +13,17 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from loadtest.capacity import search, with_capacity
+from loadtest.drills import Drill, DrillOutcome, load_drill, scorecard_text, shipped
 from loadtest.errors import HarnessError
-from loadtest.profile import Profile, load_profile, parse_load
+from loadtest.profile import Profile, changed, load_profile, parse_load
 from loadtest.report import markdown_summary, write_report
 from loadtest.results import Results
 from loadtest.runner import RunRequest, execute
+from loadtest.stage import BrokerCommands
 from sotw.cliargs import add_kafka_args, add_logging_args, kafka_config, setup_logging
 from sotw.kafka import KafkaConfig
 
@@ -52,6 +54,106 @@ def _parser(command: str) -> argparse.ArgumentParser:
     add_kafka_args(p)
     add_logging_args(p)
     return p
+
+
+def _drill_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="sotw drill",
+        description="Run a game-day drill (a shipped one by name, or a drill file) and score it: exit 0 only "
+        "if every expectation is met. `sotw drill --list` shows the shipped drills.",
+    )
+    p.add_argument("drill", nargs="?", help="a shipped drill's name, or the path of a drill file (.toml)")
+    p.add_argument("--list", action="store_true", help="list the shipped drills and exit")
+    p.add_argument(
+        "--run-dir", type=Path, default=None, help="where to write (default runs/drill-<name>-<time>)"
+    )
+    for which, what in (
+        ("stop", "stop the broker of the --bootstrap cluster"),
+        ("start", "start it again"),
+        ("pause", "freeze it (e.g. `docker pause kafka`)"),
+        ("resume", "thaw it"),
+    ):
+        p.add_argument(f"--broker-{which}-cmd", default=None, metavar="COMMAND", help=f"command to {what}")
+    add_kafka_args(p)
+    add_logging_args(p)
+    return p
+
+
+def list_drills() -> str:
+    """The shipped drills, one line each."""
+    lines = []
+    for name in shipped():
+        lines.append(f"  {name:<26} {load_drill(name).description}")
+    return "shipped drills (sotw drill NAME):\n" + "\n".join(lines)
+
+
+def run_drill(
+    drill: Drill,
+    root: Path,
+    kafka: KafkaConfig | None,
+    commands: BrokerCommands | None = None,
+    stop: threading.Event | None = None,
+    progress: Callable[[str], None] = lambda _: None,
+    command: str = "",
+) -> Results:
+    """Run one drill and return its results with the scorecard (also in ``root/results.json``)."""
+    profile = changed(
+        load_profile(drill.profile, drill.scenario), drill.pipeline, drill.run, f"drill {drill.name}"
+    )
+    request = RunRequest(
+        profile,
+        parse_load(drill.load),
+        root,
+        kafka,
+        command=command,
+        incidents=drill.incidents,
+        broker=drill.broker,
+        broker_commands=commands,
+    )
+    results = execute(request, stop, progress)
+    outcome = DrillOutcome(
+        verdict=results.verdict.verdict,
+        correctness=results.correctness,
+        recoveries=results.incidents,
+        stopped=results.pipeline_stop is not None,
+        stop_message=results.pipeline_stop or "",
+        trigger_s=profile.pipeline.trigger_ms / 1000.0,
+        data_loss_reports=results.data_loss_reports,
+    )
+    results = dataclasses.replace(results, drill=drill.score(outcome))
+    results.to_json(root / "results.json")
+    return results
+
+
+def drill_main(rest: Sequence[str]) -> int:
+    """``sotw drill NAME|FILE`` and ``sotw drill --list``."""
+    args = _drill_parser().parse_args(rest)
+    if args.list:
+        print(list_drills())
+        return 0
+    if not args.drill:
+        raise HarnessError("name a drill (`sotw drill --list` shows the shipped ones) or give a drill file")
+    setup_logging(args)
+    drill = load_drill(args.drill)
+    kafka: KafkaConfig | None = kafka_config(args) if args.bootstrap else None
+    commands = BrokerCommands(
+        args.broker_stop_cmd, args.broker_start_cmd, args.broker_pause_cmd, args.broker_resume_cmd
+    )
+    root = args.run_dir or Path("runs") / f"drill-{drill.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    results = run_drill(
+        drill,
+        root,
+        kafka,
+        commands if kafka is not None else None,
+        _stop_on_signals(),
+        _say,
+        "sotw " + shlex.join(["drill", *rest]),
+    )
+    paths = write_report([results], root, "report")
+    assert results.drill is not None
+    print(scorecard_text(results.drill))
+    print(f"\nreport: {paths.html}")
+    return 0 if results.drill.passed else 1
 
 
 def _profile(args: argparse.Namespace) -> Profile:
@@ -93,10 +195,12 @@ def _finish(results: list[Results], out_dir: Path, name: str) -> int:
 
 
 def main(argv: Sequence[str]) -> int:
-    """``sotw run|bench|capacity ...``; exit code 0 for PASS, 1 for FAIL."""
+    """``sotw run|bench|capacity|drill ...``; exit code 0 for PASS, 1 for FAIL."""
     argv = list(argv)
-    command = argv[0] if argv and argv[0] in ("run", "bench", "capacity") else "run"
+    command = argv[0] if argv and argv[0] in ("run", "bench", "capacity", "drill") else "run"
     rest = argv[1:] if argv and argv[0] == command else argv
+    if command == "drill":
+        return drill_main(rest)
     args = _parser(command).parse_args(rest)
     setup_logging(args)
     profile = _profile(args)

@@ -38,101 +38,92 @@ from typing import Any
 
 from loadtest.errors import HarnessError
 from loadtest.incidents import Incident, incident_from_mapping
-from loadtest.recovery import Recovery
-from loadtest.results import Correctness
+from loadtest.results import Correctness, DrillCheck, DrillScore, IncidentResult
 
 BROKERS = ("memory", "durable")
 
 
 @dataclass(frozen=True)
-class Outcome:
+class DrillOutcome:
     """What a drill's scorecard is checked against: the run's verdicts and each incident's measurements."""
 
     verdict: str
     correctness: Correctness | None
-    recoveries: Sequence[Recovery]
+    recoveries: Sequence[IncidentResult]
     stopped: bool
     stop_message: str
     trigger_s: float
     data_loss_reports: int = 0
 
 
-@dataclass(frozen=True)
-class Check:
-    """One line of the scorecard."""
-
-    name: str
-    expected: str
-    measured: str
-    met: bool
-
-
-def _max_check(name: str, bound: Any, value: float | None, unit: str = "") -> Check:
+def _max_check(name: str, bound: Any, value: float | None, unit: str = "") -> DrillCheck:
     if isinstance(bound, bool) or not isinstance(bound, int | float):
         raise HarnessError(f"expect.{name} must be a number, got {bound!r}")
     shown = "-" if value is None or not math.isfinite(value) else f"{value:,.6g}{unit}"
     met = value is not None and math.isfinite(value) and value <= bound
-    return Check(name, f"<= {bound:,g}{unit}", shown, met)
+    return DrillCheck(name, f"<= {bound:,g}{unit}", shown, met)
 
 
-def _count(outcome: Outcome, name: str) -> float | None:
+def _count(outcome: DrillOutcome, name: str) -> float | None:
     return None if outcome.correctness is None else float(getattr(outcome.correctness, name))
 
 
 def _each_incident(
-    name: str, unit: str, value: Callable[[Recovery], float | None]
-) -> Callable[[Outcome, Any], list[Check]]:
-    def check(outcome: Outcome, bound: Any) -> list[Check]:
+    name: str, unit: str, value: Callable[[IncidentResult], float | None]
+) -> Callable[[DrillOutcome, Any], list[DrillCheck]]:
+    def check(outcome: DrillOutcome, bound: Any) -> list[DrillCheck]:
         if not outcome.recoveries:
-            return [Check(name, f"<= {bound}{unit}", "no incident took place", False)]
+            return [DrillCheck(name, f"<= {bound}{unit}", "no incident took place", False)]
         return [_max_check(f"{name} ({r.label})", bound, value(r), unit) for r in outcome.recoveries]
 
     return check
 
 
-def _flag(name: str, value: Callable[[Outcome], bool]) -> Callable[[Outcome, Any], list[Check]]:
-    def check(outcome: Outcome, wanted: Any) -> list[Check]:
+def _flag(
+    name: str, value: Callable[[DrillOutcome], bool]
+) -> Callable[[DrillOutcome, Any], list[DrillCheck]]:
+    def check(outcome: DrillOutcome, wanted: Any) -> list[DrillCheck]:
         if not isinstance(wanted, bool):
             raise HarnessError(f"expect.{name} must be true or false, got {wanted!r}")
         got = value(outcome)
-        return [Check(name, str(wanted).lower(), str(got).lower(), got == wanted)]
+        return [DrillCheck(name, str(wanted).lower(), str(got).lower(), got == wanted)]
 
     return check
 
 
-def _stop_message(outcome: Outcome, patterns: Any) -> list[Check]:
+def _stop_message(outcome: DrillOutcome, patterns: Any) -> list[DrillCheck]:
     if isinstance(patterns, str):
         patterns = [patterns]
     if not isinstance(patterns, list) or not all(isinstance(p, str) for p in patterns):
         raise HarnessError(f"expect.stop_message must be a regex or a list of them, got {patterns!r}")
     shown = outcome.stop_message[:160] or "(no stop)"
     return [
-        Check("stop_message", f"matches /{p}/", shown, bool(re.search(p, outcome.stop_message)))
+        DrillCheck("stop_message", f"matches /{p}/", shown, bool(re.search(p, outcome.stop_message)))
         for p in patterns
     ]
 
 
-def _stop_triggers(outcome: Outcome, bound: Any) -> list[Check]:
+def _stop_triggers(outcome: DrillOutcome, bound: Any) -> list[DrillCheck]:
     after = [r.stop_after_s for r in outcome.recoveries if r.stopped and r.stop_after_s is not None]
     value = max(0.0, after[0]) / outcome.trigger_s if after and outcome.trigger_s > 0 else None
     return [_max_check("stop_within_triggers", bound, value)]
 
 
-def _verdict(outcome: Outcome, wanted: Any) -> list[Check]:
+def _verdict(outcome: DrillOutcome, wanted: Any) -> list[DrillCheck]:
     if wanted not in ("PASS", "FAIL"):
         raise HarnessError(f"expect.verdict must be PASS or FAIL, got {wanted!r}")
-    return [Check("verdict", wanted, outcome.verdict, outcome.verdict == wanted)]
+    return [DrillCheck("verdict", wanted, outcome.verdict, outcome.verdict == wanted)]
 
 
-def _blame(layer: str) -> Callable[[Outcome, Any], list[Check]]:
-    def check(outcome: Outcome, bound: Any) -> list[Check]:
+def _blame(layer: str) -> Callable[[DrillOutcome, Any], list[DrillCheck]]:
+    def check(outcome: DrillOutcome, bound: Any) -> list[DrillCheck]:
         value = None if outcome.correctness is None else float(outcome.correctness.blame.get(layer, 0))
         return [_max_check(f"blame_{layer}", bound, value)]
 
     return check
 
 
-EXPECTATIONS: dict[str, tuple[str, Callable[[Outcome, Any], list[Check]]]] = {
+EXPECTATIONS: dict[str, tuple[str, Callable[[DrillOutcome, Any], list[DrillCheck]]]] = {
     "rows_lost": (
         "change rows the pipeline lost, at most",
         lambda o, b: [_max_check("rows_lost", b, _count(o, "rows_lost"))],
@@ -208,12 +199,12 @@ class Drill:
                 f"drill {self.name}: unknown expectation {unknown[0]!r} (known: {', '.join(sorted(EXPECTATIONS))})"
             )
 
-    def score(self, outcome: Outcome) -> list[Check]:
+    def score(self, outcome: DrillOutcome) -> DrillScore:
         """Each expectation against the outcome, in the file's order."""
-        checks: list[Check] = []
+        checks: list[DrillCheck] = []
         for key, bound in self.expect.items():
             checks += EXPECTATIONS[key][1](outcome, bound)
-        return checks
+        return DrillScore(self.name, self.description, checks, bool(checks) and all(c.met for c in checks))
 
 
 def drill_from_mapping(name: str, doc: Mapping[str, Any], path: Path | None = None) -> Drill:
@@ -294,13 +285,14 @@ def load_drill(name_or_path: str) -> Drill:
     return drill_from_mapping(path.stem, doc, path)
 
 
-def scorecard_text(drill: Drill, checks: Sequence[Check]) -> str:
+def scorecard_text(score: DrillScore) -> str:
     """The scorecard as a terminal table: each expectation, what it needs, what was measured, met or not."""
+    checks = score.checks
     rows = [("", "expectation", "needs", "measured")] + [
         ("ok" if c.met else "FAIL", c.name, c.expected, c.measured) for c in checks
     ]
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
-    lines = [f"drill {drill.name}: {drill.description}"]
+    lines = [f"drill {score.name}: {score.description}"]
     lines += [
         "  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows
     ]

@@ -13,9 +13,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import shlex
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -38,11 +36,11 @@ class BrokerControl(Protocol):
     def resume(self) -> None:
         """Thaw a frozen broker."""
 
-    def stop(self) -> None:
-        """Stop the broker process."""
+    def restart(self, downtime_s: float, lose_data: bool) -> None:
+        """Stop the broker, wait ``downtime_s``, start it on the same address; return once it answers.
 
-    def start(self, keep_data: bool) -> None:
-        """Start it again on the same address; ``keep_data=False`` comes back without its records."""
+        ``lose_data=True`` brings it back without the records it had acknowledged.
+        """
 
 
 class Stage(Protocol):
@@ -80,6 +78,12 @@ class Stage(Protocol):
 
     def start_pipeline(self, changes: Mapping[str, Any]) -> None:
         """Start the pipeline again on the same checkpoint, with ``changes`` to its settings."""
+
+    def start_cpu_hogs(self, count: int) -> None:
+        """Start ``count`` busy processes beside the system under test."""
+
+    def stop_cpu_hogs(self) -> None:
+        """Stop the busy processes."""
 
 
 def _number(where: str, value: Any, minimum: float = 0.0) -> float:
@@ -222,7 +226,10 @@ class BrokerPause(Incident):
 
 @dataclass(frozen=True)
 class BrokerRestart(Incident):
-    """The broker stops and starts again keeping its data (the embedded broker must be durable)."""
+    """The broker stops and starts again keeping its data (the embedded broker must be durable).
+
+    ``begin`` returns once the broker answers again, so the incident's window is the outage itself.
+    """
 
     kind: ClassVar[str] = "broker_restart"
     downtime_s: float = 5.0
@@ -231,25 +238,18 @@ class BrokerRestart(Incident):
         super().__post_init__()
         _number("broker_restart: downtime_s", self.downtime_s)
 
-    @property
-    def duration(self) -> float:
-        """How long the broker is down."""
-        return self.downtime_s
-
     def begin(self, stage: Stage) -> str:
-        """Stop the broker."""
-        _broker(stage, self.kind).stop()
-        return "broker stopped"
-
-    def end(self, stage: Stage) -> str:
-        """Start it again with its data."""
-        _broker(stage, self.kind).start(keep_data=True)
-        return "broker started again with its data"
+        """Stop the broker and start it again with its data (returns once it answers)."""
+        _broker(stage, self.kind).restart(self.downtime_s, lose_data=False)
+        return f"broker stopped, down {self.downtime_s:g} s, answering again with its data"
 
 
 @dataclass(frozen=True)
 class BrokerDataLoss(Incident):
-    """The broker comes back without the records it acknowledged (the memory broker restarted)."""
+    """The broker comes back without the records it acknowledged (the memory broker restarted).
+
+    ``begin`` returns once the broker answers again, so the incident's window is the outage itself.
+    """
 
     kind: ClassVar[str] = "broker_data_loss"
     downtime_s: float = 2.0
@@ -258,20 +258,10 @@ class BrokerDataLoss(Incident):
         super().__post_init__()
         _number("broker_data_loss: downtime_s", self.downtime_s)
 
-    @property
-    def duration(self) -> float:
-        """How long the broker is down."""
-        return self.downtime_s
-
     def begin(self, stage: Stage) -> str:
-        """Stop the broker."""
-        _broker(stage, self.kind).stop()
-        return "broker stopped"
-
-    def end(self, stage: Stage) -> str:
-        """Start it again, empty."""
-        _broker(stage, self.kind).start(keep_data=False)
-        return "broker started again without its data"
+        """Kill the broker and start it again without its data (returns once it answers)."""
+        _broker(stage, self.kind).restart(self.downtime_s, lose_data=True)
+        return f"broker killed, down {self.downtime_s:g} s, answering again without its data"
 
 
 @dataclass(frozen=True)
@@ -492,7 +482,6 @@ class CpuHog(Incident):
     kind: ClassVar[str] = "cpu_hog"
     duration_s: float = 30.0
     cores: int = 1
-    _hogs: list[subprocess.Popen[bytes]] = field(default_factory=list, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -507,23 +496,17 @@ class CpuHog(Incident):
 
     def begin(self, stage: Stage) -> str:
         """Start the busy processes."""
-        for _ in range(self.cores):
-            self._hogs.append(
-                subprocess.Popen([sys.executable, "-c", "while True: pass"], stdin=subprocess.DEVNULL)
-            )
+        stage.start_cpu_hogs(self.cores)
         return f"{self.cores} busy process(es) started"
 
     def end(self, stage: Stage) -> str:
         """Stop them."""
-        self.close(stage)
+        stage.stop_cpu_hogs()
         return "busy processes stopped"
 
     def close(self, stage: Stage) -> None:
         """Stop them."""
-        while self._hogs:
-            hog = self._hogs.pop()
-            hog.kill()
-            hog.wait(10)
+        stage.stop_cpu_hogs()
 
 
 def _broker(stage: Stage, kind: str) -> BrokerControl:
@@ -696,15 +679,3 @@ class Schedule(threading.Thread):
                 incident.close(self.stage)
             except Exception as exc:
                 log.warning("could not undo incident %s: %s", record.label, exc)
-
-
-def shell_command(text: str) -> Callable[[], None]:
-    """A user-given command (``--broker-stop-cmd``) as a callable that raises if it fails."""
-    argv = shlex.split(text)
-
-    def run() -> None:
-        done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=300)
-        if done.returncode != 0:
-            raise HarnessError(f"`{text}` exited with {done.returncode}: {done.stderr.strip()[-300:]}")
-
-    return run

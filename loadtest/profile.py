@@ -18,6 +18,9 @@ be repeated. ``loadtest/scenarios.toml`` ships the defaults; users write their o
     start_s = 20
     end_s = 40
     faults = { gap = 0.01 }
+    [[profiles.baseline.incidents]]        # game-day incidents, at_s seconds into the steady phase
+    kind = "pipeline_kill"                 # (loadtest.incidents lists every kind and its parameters)
+    at_s = 30
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from typing import Any
 
 from loadtest.errors import HarnessError
 from loadtest.expect import Policy
+from loadtest.incidents import Incident, incident_from_mapping
 from pipeline.config import parse_trigger
 from pipeline.errors import ConfigError
 from pipeline.policies import PolicyConfig
@@ -273,11 +277,31 @@ class Profile:
     pipeline: PipelineSettings = field(default_factory=PipelineSettings)
     run: RunSettings = field(default_factory=RunSettings)
     schedule: tuple[FaultWindow, ...] = ()
+    incidents: tuple[Incident, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         """Everything in the profile, JSON-ready, for ``results.json`` and the report."""
         out: dict[str, Any] = _jsonable(dataclasses.asdict(self))
+        out["incidents"] = [{"kind": i.kind, **_jsonable(dataclasses.asdict(i))} for i in self.incidents]
         return out
+
+
+def changed(profile: Profile, pipeline: Mapping[str, Any], run: Mapping[str, Any], where: str) -> Profile:
+    """``profile`` with some pipeline and run settings changed (a drill's ``pipeline = {...}``, ``run = {...}``).
+
+    Raises
+    ------
+    HarnessError
+        Naming ``where`` and the unknown setting or the bad value.
+    """
+    try:
+        new_pipeline = dataclasses.replace(
+            profile.pipeline, **known_settings(PipelineSettings, pipeline, f"{where}.pipeline")
+        )
+        new_run = dataclasses.replace(profile.run, **known_settings(RunSettings, run, f"{where}.run"))
+    except SotwError as exc:
+        raise HarnessError(str(exc)) from None
+    return dataclasses.replace(profile, pipeline=new_pipeline, run=new_run)
 
 
 def _jsonable(value: Any) -> Any:
@@ -304,14 +328,20 @@ def profile_from_mapping(name: str, data: Mapping[str, Any], where: str = "scena
             )
             for w in data.get("schedule", [])
         )
+        incidents = tuple(
+            incident_from_mapping(item, where=f"{prefix}.incidents[{i}]")
+            for i, item in enumerate(data.get("incidents", []))
+        )
     except (KeyError, TypeError) as exc:
         raise HarnessError(f"{prefix} is incomplete or mistyped: {exc}") from None
     except SotwError as exc:
         raise HarnessError(str(exc)) from None
-    extra = set(data) - {"description", "simulator", "pipeline", "run", "schedule"}
+    extra = set(data) - {"description", "simulator", "pipeline", "run", "schedule", "incidents"}
     if extra:
         raise HarnessError(f"unknown section {prefix}.{sorted(extra)[0]}")
-    return Profile(name, str(data.get("description", "")), sim, PipelineSettings(**pipe), run, schedule)
+    return Profile(
+        name, str(data.get("description", "")), sim, PipelineSettings(**pipe), run, schedule, incidents
+    )
 
 
 def default_scenario() -> Path:

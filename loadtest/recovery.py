@@ -6,7 +6,8 @@ meant to be sent, when the batch that wrote it committed). Definitions, stated o
 docs/loadtest.md:
 
 * **before**: the ``BASELINE_S`` seconds before the incident began (within the steady phase); its p99 lag age
-  and its p99 end-to-end latency are the levels the pipeline must come back to.
+  and the p99 end-to-end latency of the messages meant for it and written before the incident began are the
+  levels the pipeline must come back to.
 * **detected**: the first sample at or after the start where the lag age exceeds
   ``max(DETECT_MIN_S, 2 x before's p99)``, or the pipeline stopped: the first symptom an operator sees.
 * **recovered**: the first second at or after the incident's end from which, for ``HOLD_S`` seconds, the lag
@@ -23,6 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+
+from loadtest.results import IncidentResult
 
 BASELINE_S = 30.0
 DETECT_MIN_S = 1.0
@@ -49,27 +52,6 @@ class Stop:
     message: str
 
 
-@dataclass(frozen=True)
-class Recovery:
-    """The measurements of one incident (seconds; NaN where not measured, None where it did not happen)."""
-
-    label: str
-    kind: str
-    start_ms: int
-    end_ms: int
-    detect_s: float | None
-    recover_s: float | None
-    peak_lag_age_s: float
-    peak_lag_offsets: float
-    peak_e2e_ms: float
-    before_lag_age_p99_s: float
-    before_e2e_p99_ms: float
-    e2e_threshold_ms: float
-    stopped: bool = False
-    stop_after_s: float | None = None
-    stop_message: str = ""
-
-
 def _p99(values: np.ndarray) -> float:
     values = values[np.isfinite(values)]
     return float(np.percentile(values, 99)) if values.size else math.nan
@@ -82,7 +64,7 @@ def measure(
     lag_bound_s: float,
     stop: Stop | None = None,
     steady_start_ms: int | None = None,
-) -> Recovery:
+) -> IncidentResult:
     """Measure one incident.
 
     Parameters
@@ -109,7 +91,10 @@ def measure(
     before_age = _p99(age[before])
     intended = e2e["intended_ts"].to_numpy(dtype=float) / 1000.0 if len(e2e) else np.zeros(0)
     latency = e2e["latency_ms"].to_numpy(dtype=float) if len(e2e) else np.zeros(0)
-    before_e2e = _p99(latency[(intended >= floor_s) & (intended < start_s)])
+    # Before: messages meant for the window before and written before the incident began (the ones still in
+    # flight when it began are the incident's own).
+    committed = intended + latency / 1000.0
+    before_e2e = _p99(latency[(intended >= floor_s) & (committed < start_s)])
     threshold = (
         max(before_e2e * (1 + TOLERANCE), before_e2e + TOLERANCE_MIN_MS)
         if math.isfinite(before_e2e)
@@ -124,7 +109,7 @@ def measure(
     until = recovered_at if recovered_at is not None else math.inf
     during = (ts >= start_s) & (ts <= until)
     during_e2e = (intended >= start_s) & (intended <= until)
-    return Recovery(
+    return IncidentResult(
         label=window.label,
         kind=window.kind,
         start_ms=window.start_ms,

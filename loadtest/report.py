@@ -133,7 +133,31 @@ def _png(fig: Figure) -> bytes:
     return buf.getvalue()
 
 
+INCIDENT_COLOUR = "#d62728"
+
+
 def _shade_phases(ax: Axes, result: Results) -> None:
+    """Phases as background bands, each incident's window hatched in red over them, labelled.
+
+    Incidents are shaded on every chart over time, as Jepsen shades its nemesis periods, so a climb in lag
+    or latency can be read against what caused it.
+    """
+    start = result.run.started_ms
+    for incident in result.incidents:
+        lo = (incident.start_ms - start) / 1000.0
+        hi = max(lo + 0.5, (incident.end_ms - start) / 1000.0)
+        ax.axvspan(lo, hi, color=INCIDENT_COLOUR, alpha=0.15, hatch="//", zorder=0.5, lw=0)
+        ax.text(
+            lo,
+            0.9,
+            incident.label,
+            transform=ax.get_xaxis_transform(),
+            va="top",
+            ha="left",
+            fontsize=7,
+            color=INCIDENT_COLOUR,
+            rotation=90,
+        )
     for phase in result.phases:
         window = _phase_window(result, phase.name)
         if window is not None:
@@ -484,6 +508,41 @@ def _triage_rows(c: Correctness, limit: int = 50) -> tuple[list[str], list[list[
 # ------------------------------------------------------------------------------------------------ markdown
 
 
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else fmt(value, "s")
+
+
+def _incident_rows(r: Results) -> tuple[list[str], list[list[str]]]:
+    """One row per incident: when, what was done, time to detect and recover, peaks, stop."""
+    head = ["incident", "at (s)", "lasted (s)", "detected after", "recovered after end", "peak lag",
+            "peak e2e", "stopped", "what was done"]  # fmt: skip
+    rows = []
+    for i in r.incidents:
+        done = "; ".join(i.notes) + (f"; FAILED: {i.error}" if i.error else "")
+        rows.append(
+            [
+                i.label,
+                fmt((i.start_ms - r.run.started_ms) / 1000.0),
+                fmt((i.end_ms - i.start_ms) / 1000.0),
+                _seconds(i.detect_s),
+                _seconds(i.recover_s) if i.recover_s is not None else "not recovered",
+                f"{fmt(i.peak_lag_age_s, 's')} / {fmt(i.peak_lag_offsets, 'offsets')}",
+                fmt(i.peak_e2e_ms, "ms"),
+                f"yes, {_seconds(i.stop_after_s)} after its end: {i.stop_message}" if i.stopped else "no",
+                done,
+            ]
+        )
+    return head, rows
+
+
+def _scorecard_rows(r: Results) -> tuple[list[str], list[list[str]]]:
+    if r.drill is None:
+        return [], []
+    return ["", "expectation", "needs", "measured"], [
+        ["met" if c.met else "NOT MET", c.name, c.expected, c.measured] for c in r.drill.checks
+    ]
+
+
 def _md_table(table: tuple[list[str], list[list[str]]]) -> str:
     head, rows = table
     if not rows:
@@ -497,6 +556,18 @@ def _md_table(table: tuple[list[str], list[list[str]]]) -> str:
 def markdown_summary(results: Sequence[Results], html_path: Path | None = None) -> str:
     """The Markdown summary: verdicts and reasons, key numbers side by side, correctness and capacity."""
     out = ["# sotw load-test report", ""]
+    for r in results:
+        if r.drill is not None:
+            verdict = "PASS" if r.drill.passed else "FAIL"
+            out += [
+                f"## Drill {r.drill.name}: {verdict}",
+                "",
+                r.drill.description,
+                "",
+                _md_table(_scorecard_rows(r)),
+            ]
+        if r.incidents:
+            out += [f"## Incidents ({label(r)})", "", _md_table(_incident_rows(r))]
     for r in results:
         out.append(
             f"**{label(r)}: {r.verdict.verdict}** — run `{r.run.run_id}`, policy `{r.run.policy}`, "
@@ -581,6 +652,22 @@ def render_html(results: Sequence[Results]) -> str:
         f"{html.escape(' vs '.join(label(r) for r in results))}</title><style>{_CSS}</style></head><body>",
         "<h1>sotw load-test report</h1>",
     ]
+    for r in results:
+        if r.drill is not None:
+            v = "PASS" if r.drill.passed else "FAIL"
+            parts += [
+                f"<h2>Drill {html.escape(r.drill.name)} <span class='{v}'>{v}</span></h2>",
+                f"<p>{html.escape(r.drill.description)}</p>",
+                _html_table(_scorecard_rows(r)),
+            ]
+        if r.incidents:
+            parts += [
+                f"<h2>Incident timeline ({html.escape(label(r))})</h2>",
+                "<p>Every chart below shades these windows in red. Detection is the first sample with lag well "
+                "above its level before the incident (or a stop); recovery is when lag is back under the "
+                "profile's bound and end-to-end latency within 20 % of its level before (docs/loadtest.md).</p>",
+                _html_table(_incident_rows(r)),
+            ]
     for r in results:
         v = r.verdict.verdict
         parts.append(

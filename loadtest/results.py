@@ -220,6 +220,53 @@ class Capacity:
 
 
 @dataclass(frozen=True)
+class IncidentResult:
+    """One game-day incident: its window, what was done, and what it did to the pipeline.
+
+    Times are epoch ms; durations seconds. ``detect_s`` / ``recover_s`` are None when there was no symptom
+    / no recovery before the run ended; ``loadtest.recovery`` defines each measurement.
+    """
+
+    label: str
+    kind: str
+    start_ms: int
+    end_ms: int
+    detect_s: float | None = None
+    recover_s: float | None = None
+    peak_lag_age_s: float = math.nan
+    peak_lag_offsets: float = math.nan
+    peak_e2e_ms: float = math.nan
+    before_lag_age_p99_s: float = math.nan
+    before_e2e_p99_ms: float = math.nan
+    e2e_threshold_ms: float = math.nan
+    stopped: bool = False
+    stop_after_s: float | None = None
+    stop_message: str = ""
+    notes: list[str] = field(default_factory=list)
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class DrillCheck:
+    """One expectation of a drill's scorecard: what it needs, what was measured, and whether it was met."""
+
+    name: str
+    expected: str
+    measured: str
+    met: bool
+
+
+@dataclass(frozen=True)
+class DrillScore:
+    """A drill's scorecard: PASS only if every expectation was met."""
+
+    name: str
+    description: str
+    checks: list[DrillCheck] = field(default_factory=list)
+    passed: bool = False
+
+
+@dataclass(frozen=True)
 class Verdict:
     """PASS only if the pipeline kept up and the correctness checks hold; otherwise FAIL with reasons."""
 
@@ -248,6 +295,10 @@ class Results:
     correctness: Correctness | None = None
     capacity: Capacity | None = None
     harness_overhead: dict[str, float] = field(default_factory=dict)
+    incidents: list[IncidentResult] = field(default_factory=list)
+    drill: DrillScore | None = None
+    pipeline_stop: str | None = None
+    data_loss_reports: int = 0
     schema_version: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:

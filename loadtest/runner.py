@@ -24,8 +24,10 @@ from typing import Any
 from loadtest import figures
 from loadtest.errors import HarnessError
 from loadtest.figures import Outcome
+from loadtest.incidents import BrokerControl, Incident, Schedule
 from loadtest.processes import PipelineProcess, PipelineProcessConfig
 from loadtest.profile import Profile
+from loadtest.recovery import Stop
 from loadtest.results import Phase, Results
 from loadtest.samplers import (
     KafkaLagProbe,
@@ -35,6 +37,7 @@ from loadtest.samplers import (
     Sampler,
     ThreadCpuProbe,
 )
+from loadtest.stage import BrokerCommands, CommandControl, EmbeddedControl, RunStage
 from loadtest.verify import verify_run
 from simulator.producer import Simulator
 from sotw.broker import EmbeddedBroker
@@ -61,6 +64,12 @@ class RunRequest:
         Extra ``sotw pipeline`` flags (the harness's self-tests use ``--drop-batch``).
     command
         The command line that asked for this run, for the report.
+    incidents
+        Game-day incidents during the steady phase, besides the profile's own.
+    broker
+        The embedded broker's storage: ``memory``, or ``durable`` (its data survives a restart).
+    broker_commands
+        How to stop, start, freeze and thaw the broker of a cluster given with ``kafka``, for incidents.
     """
 
     profile: Profile
@@ -69,6 +78,14 @@ class RunRequest:
     kafka: KafkaConfig | None = None
     pipeline_args: tuple[str, ...] = ()
     command: str = ""
+    incidents: tuple[Incident, ...] = ()
+    broker: str = "memory"
+    broker_commands: BrokerCommands | None = None
+
+    @property
+    def all_incidents(self) -> tuple[Incident, ...]:
+        """The profile's incidents and the request's."""
+        return (*self.profile.incidents, *self.incidents)
 
     @property
     def target_rate(self) -> float:
@@ -118,24 +135,35 @@ def execute(request: RunRequest, stop: threading.Event | None = None, progress: 
     if run_dir.exists() and any(run_dir.iterdir()):
         raise HarnessError(f"run directory {run_dir} is not empty; choose a new one")
     run_dir.mkdir(parents=True, exist_ok=True)
+    span = max((i.at_s + i.duration for i in request.all_incidents), default=0.0)
+    if span and request.profile.run.steady_s < span + 10:
+        raise HarnessError(
+            f"the steady phase ({request.profile.run.steady_s:g} s) must outlast the incidents ({span:g} s) by "
+            "10 s at least, so their recovery can be seen: raise run.steady_s"
+        )
     clock = _Clock(started_ms=int(time.time() * 1000))
     with contextlib.ExitStack() as stack:
+        control: BrokerControl | None
         if request.kafka is None:
-            progress("starting the embedded broker")
-            broker = stack.enter_context(EmbeddedBroker(log_path=run_dir / "broker.log"))
+            durable = request.broker == "durable"
+            progress(f"starting the embedded broker{' (durable)' if durable else ''}")
+            broker = stack.enter_context(EmbeddedBroker(log_path=run_dir / "broker.log", durable=durable))
             kafka = KafkaConfig(broker.bootstrap)
-            broker_pid: Callable[[], int | None] = lambda: broker.process.pid if broker.process else None  # noqa: E731
+            broker_pids: Callable[[], list[int] | None] = lambda: list(broker.pids.values()) or None  # noqa: E731
+            control = EmbeddedControl(broker)
         else:
             kafka = request.kafka
-            broker_pid = lambda: None  # noqa: E731 - a remote broker's CPU is not ours to measure
-        return _run(request, kafka, broker_pid, clock, stop, progress)
+            broker_pids = lambda: None  # noqa: E731 - a remote broker's CPU is not ours to measure
+            control = CommandControl(request.broker_commands) if request.broker_commands else None
+        return _run(request, kafka, broker_pids, control, clock, stop, progress)
     raise AssertionError("unreachable")  # pragma: no cover - ExitStack does not swallow exceptions here
 
 
 def _run(
     request: RunRequest,
     kafka: KafkaConfig,
-    broker_pid: Callable[[], int | None],
+    broker_pids: Callable[[], list[int] | None],
+    control: BrokerControl | None,
     clock: _Clock,
     stop: threading.Event,
     progress: Progress,
@@ -173,7 +201,7 @@ def _run(
             "progress": ProgressProbe(pipe.config.output / "progress.jsonl"),
             "resources": ResourceProbe(
                 {
-                    "broker": broker_pid,
+                    "broker": broker_pids,
                     "pipeline": lambda: pipe.pid if pipe.alive() else None,
                     "harness": os.getpid,
                 },
@@ -185,8 +213,11 @@ def _run(
         run_dir / "samples.jsonl",
         phase=lambda: clock.current,
     )
+    stage = RunStage(simulator, pipe, control, profile, request.load_factor)
+    schedule = Schedule(request.all_incidents, stage, progress)
     interrupted = False
     pipeline_failed: str | None = None
+    stopped: Stop | None = None
     drain_s: float | None = None
     sim_error: list[BaseException] = []
     try:
@@ -226,16 +257,23 @@ def _run(
                 clock.enter("steady")
                 steady_start = time.monotonic()
                 progress(f"steady: measuring for {settings.steady_s:g} s")
-            if clock.current == "steady" and time.monotonic() - steady_start >= settings.steady_s:
+                if schedule.incidents:
+                    schedule.start()
+            if (
+                clock.current == "steady"
+                and time.monotonic() - steady_start >= settings.steady_s
+                and (not schedule.is_alive() or schedule.done())
+            ):
                 sim_stop.set()
             _apply_schedule(profile, simulator, elapsed, applied)
             if stop.is_set():
                 interrupted = True
                 sim_stop.set()
-            if not pipe.alive() and pipeline_failed is None:
+            if not pipe.alive() and not stage.pipeline_down_on_purpose and pipeline_failed is None:
                 pipeline_failed = (
                     f"the pipeline exited with code {pipe.returncode()} during the load: {pipe.tail(2)}"
                 )
+                stopped = Stop(int(time.time() * 1000), pipe.tail(2))
                 progress(pipeline_failed)
                 sim_stop.set()  # nothing left to measure; the verdict says why
             producer.join(0.25)
@@ -255,9 +293,11 @@ def _run(
                 interrupted = stop.is_set()
         if not pipe.alive() and pipeline_failed is None:
             pipeline_failed = f"the pipeline exited with code {pipe.returncode()}: {pipe.tail(2)}"
+            stopped = Stop(int(time.time() * 1000), pipe.tail(2))
     except KeyboardInterrupt:
         interrupted = True
     finally:
+        schedule.stop()
         clock.close()
         sampler.stop()
         code = pipe.stop()
@@ -282,6 +322,9 @@ def _run(
         pipeline_failed=pipeline_failed,
         interrupted=interrupted,
         verify_cpu_s=time.process_time() - verify_cpu0,
+        incidents=schedule.records,
+        stopped=stopped,
+        data_loss_reports=_data_loss_reports(pipe.log_path),
     )
     results = figures.results(outcome)
     results.to_json(run_dir / "results.json")
@@ -296,10 +339,26 @@ def _kafka_flags(kafka: KafkaConfig) -> list[str]:
 
 
 def _pipeline_warm(sampler: Sampler, elapsed: float, settings: Any) -> bool:
-    """True once the pipeline has consumed data (its first batches compile and start Python workers)."""
+    """True once the pipeline has consumed data and caught up with the warm-up's backlog.
+
+    Its first batches compile and start Python workers, so it falls behind first; measuring from there would
+    count that backlog against the steady phase.
+    """
     if elapsed >= settings.warmup_s + settings.pipeline_start_timeout_s:
         return True  # measure anyway; the lag will tell
-    return bool(sampler.rows) and sampler.rows[-1].get("consumed", 0) > 0
+    if not sampler.rows:
+        return False
+    last = sampler.rows[-1]
+    return bool(last.get("consumed", 0) > 0 and last.get("lag_age_s", 0.0) <= settings.max_lag_s / 2)
+
+
+def _data_loss_reports(log_path: Path) -> int:
+    """How many times the pipeline reported data the broker no longer had (its "Kafka data lost" lines)."""
+    try:
+        with log_path.open(errors="replace") as lines:
+            return sum(1 for line in lines if "Kafka data lost" in line)
+    except OSError:
+        return 0
 
 
 def _apply_schedule(profile: Profile, simulator: Simulator, elapsed: float, applied: set[int]) -> None:

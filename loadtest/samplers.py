@@ -251,8 +251,9 @@ class ResourceProbe:
     Parameters
     ----------
     pids
-        ``component -> callable returning the root pid`` (None while the component is not running); a
-        component's children (the pipeline's JVM and Python workers) are counted with it.
+        ``component -> callable returning the root pid, or several`` (None while the component is not
+        running); a component's children (the pipeline's JVM and Python workers) are counted with it, and
+        a component of several roots (a durable broker and its S3 server) is their sum.
     alone
         Components measured without their children (the harness, whose children are the other components).
     refresh_s
@@ -260,18 +261,22 @@ class ResourceProbe:
     """
 
     def __init__(
-        self, pids: Mapping[str, Callable[[], int | None]], alone: Iterable[str] = (), refresh_s: float = 5.0
+        self,
+        pids: Mapping[str, Callable[[], int | list[int] | None]],
+        alone: Iterable[str] = (),
+        refresh_s: float = 5.0,
     ) -> None:
         self._pids = dict(pids)
         self._alone = frozenset(alone)
         self._refresh_s = refresh_s
-        self._members: dict[str, tuple[int | None, float, list[psutil.Process]]] = {}
+        self._members: dict[str, tuple[tuple[int, ...], float, list[psutil.Process]]] = {}
         self._last: dict[str, tuple[float, dict[int, ProcessReading]]] = {}
 
-    def _family(self, name: str, root: int) -> list[psutil.Process]:
+    def _family(self, name: str, roots: tuple[int, ...]) -> list[psutil.Process]:
         known = self._members.get(name)
-        if known is None or known[0] != root or time.monotonic() - known[1] > self._refresh_s:
-            known = (root, time.monotonic(), family(root, children=name not in self._alone))
+        if known is None or known[0] != roots or time.monotonic() - known[1] > self._refresh_s:
+            members = [p for root in roots for p in family(root, children=name not in self._alone)]
+            known = (roots, time.monotonic(), members)
             self._members[name] = known
         return known[2]
 
@@ -280,8 +285,9 @@ class ResourceProbe:
         row: dict[str, Any] = {}
         for name, get_pid in self._pids.items():
             root = get_pid()
+            roots = () if root is None else (root,) if isinstance(root, int) else tuple(root)
             now = time.monotonic()
-            reading = read_processes(self._family(name, root)) if root is not None else {}
+            reading = read_processes(self._family(name, roots)) if roots else {}
             before = self._last.get(name)
             cpu = 0.0
             if before is not None and now > before[0]:

@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("loadtest.cli", "one load-test run at a load factor (1x, 10x, ...) with a report"),
     "bench": ("loadtest.cli", "1x and 10x back to back, reported side by side"),
     "capacity": ("loadtest.cli", "search for the highest load factor the pipeline sustains"),
+    "drill": ("loadtest.cli", "a game-day drill: incidents during a run, scored (`drill --list`)"),
     "demo": ("loadtest.demo", "the README demo on the embedded broker"),
 }
 
