@@ -321,7 +321,7 @@ class Simulator:
                     rate = (last[1] - first[1]) / (last[0] - first[0])
             in_flight = ledger.outstanding() if ledger else 0
             failed = ledger.failed if ledger else 0
-            hist = ledger.lateness if ledger else None
+            p50, p99 = ledger.lateness.percentiles(50, 99) if ledger else (None, None)
             return SimulatorStats(
                 elapsed_s=(self.clock() - self._start_s) if self._started else 0.0,
                 planned=self._planned,
@@ -331,9 +331,9 @@ class Simulator:
                 in_flight=in_flight,
                 faults={FAULT_NAMES[c]: self._fault_counts[c] for c in range(1, len(FAULT_NAMES))},
                 rate=rate,
-                lateness_p50_ms=hist.percentile(50) if hist else None,
-                lateness_p99_ms=hist.percentile(99) if hist else None,
-                lateness_max_ms=(hist.max if hist and hist.counts.any() else None),
+                lateness_p50_ms=p50,
+                lateness_p99_ms=p99,
+                lateness_max_ms=ledger.lateness.max_ms if ledger else None,
                 sensors=len(fleet.active) if fleet else 0,
                 sessions=len(ledger.session_names) if ledger else 0,
                 load_factor=self._load_factor,
@@ -1016,6 +1016,8 @@ class Simulator:
                 "ledger_rows": summary.ledger_rows,
                 "topics": list(summary.topics),
                 "interrupted": summary.interrupted,
+                # Encoded HdrHistogram (``hdrh.histogram.HdrHistogram.decode``), lateness in us.
+                "lateness_hdr": self._ledger.lateness.encode() if self._ledger else None,
             }
         path = self.run_dir / "run.json"
         tmp = path.with_suffix(".json.tmp")
