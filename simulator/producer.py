@@ -273,7 +273,7 @@ class Simulator:
         self.run_id = self.run_dir.resolve().name
         self.clock: Clock = clock or time.time
         self._lock = threading.Lock()
-        self._controls: list[tuple[FaultConfig, str | None]] = []
+        self._controls: list[tuple[FaultConfig | None, str | None]] = []
         self._load_factor = config.load_factor
         self._faults = FaultTable(config.faults, config.sensor_faults)
         self._started = False
@@ -294,11 +294,21 @@ class Simulator:
     # ---- live controls -------------------------------------------------------------------------------
 
     def set_faults(self, faults: FaultConfig, sensor: str | None = None) -> None:
-        """Change fault rates while running: for one sensor, or for all (dropping per-sensor overrides)."""
+        """Change fault rates while running: of one sensor, or the default of every other sensor.
+
+        A sensor's rates (from ``config.sensor_faults`` or set here) replace the default for it entirely and
+        stay until ``clear_faults`` drops them: setting the default changes only sensors without rates of
+        their own.
+        """
         if not isinstance(faults, FaultConfig):
             raise SimulatorError(f"faults must be a FaultConfig, got {type(faults).__name__}")
         with self._lock:
             self._controls.append((faults, sensor))
+
+    def clear_faults(self, sensor: str | None = None) -> None:
+        """Drop the fault rates of one sensor, or of every sensor that has its own: they follow the default."""
+        with self._lock:
+            self._controls.append((None, sensor))
 
     def set_load_factor(self, factor: float) -> None:
         """Change the load factor (multiplier of ``config.rate``) while running."""
@@ -486,7 +496,10 @@ class Simulator:
             controls, self._controls = self._controls, []
             factor = self._load_factor
         for faults, sensor in controls:
-            self._faults.set(faults, sensor)
+            if faults is None:
+                self._faults.clear(sensor)
+            else:
+                self._faults.set(faults, sensor)
         if controls:
             self._edges_key = None
         return factor
