@@ -269,6 +269,10 @@ class DirectProducer:
         self._rk = 0
         self._topics: dict[str, int] = {}
         self._taken: list[np.ndarray] = []
+        self._errstr = ctypes.create_string_buffer(512)  # librdkafka's error text, when a call fails
+        # The report log and its header (``_configure`` sizes them from the queue's limit).
+        self._log = np.zeros((3, 0), dtype=np.int64)
+        self._head = np.zeros(4, dtype=np.int64)
         # Compile the kernel (or load it from numba's cache) now, not in the run's first slice, and before
         # there is a client to leak if that fails.
         _compile_kernel()
@@ -287,8 +291,7 @@ class DirectProducer:
         self._rk = rk
 
     def _configure(self, conf: int, settings: Mapping[str, Any]) -> None:
-        lib = self._lib
-        self._errstr = errstr = ctypes.create_string_buffer(512)
+        lib, errstr = self._lib, self._errstr
         for key, value in settings.items():
             if lib.rd_kafka_conf_set(conf, key.encode(), setting_text(value).encode(), errstr, len(errstr)):
                 raise SimulatorError(f"bad producer setting: {errstr.value.decode(errors='replace')}")
