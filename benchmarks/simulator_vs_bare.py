@@ -74,6 +74,20 @@ def drop_topics(kafka: KafkaConfig, topics: list[str]) -> None:
         future.result()
 
 
+def write_results(path: Path, doc: dict, load: tuple[float, float, float]) -> None:
+    """Write a benchmark's results as JSON, with the machine and the moment they were measured on."""
+    doc = {
+        **doc,
+        "loadavg": load,
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+    print(f"wrote {path}")
+
+
 def started() -> tuple[float, float, float]:
     """Wall clock, process CPU and this thread's CPU, now: ``costs`` takes it."""
     return time.perf_counter(), time.process_time(), time.thread_time()
@@ -413,14 +427,8 @@ def main(argv: list[str] | None = None) -> int:
         "ratio": ratio,
         "best_main_thread_us_per_msg": {"bare": bare_thread, "simulator": sim_thread},
         "targets": {"updates_per_s": 100_000, "ratio": 0.6},
-        "loadavg": load,
-        "cpus": os.cpu_count(),
-        "python": platform.python_version(),
-        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(doc, indent=2) + "\n")
-    print(f"wrote {args.json}")
+    write_results(args.json, doc, load)
     return 0
 
 

@@ -17,7 +17,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from simulator.config import FaultConfig, SimulatorConfig, SimulatorError, load_scenario
+from simulator.config import PRODUCER_PATHS, FaultConfig, SimulatorConfig, SimulatorError, load_scenario
 from simulator.producer import RunSummary, Simulator, SimulatorStats
 from sotw.broker import EmbeddedBroker
 from sotw.cliargs import add_kafka_args, add_logging_args, kafka_config, setup_logging
@@ -111,6 +111,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="librdkafka producer tuning over the simulator's defaults (repeatable)",
     )
+    parser.add_argument(
+        "--producer-path",
+        choices=PRODUCER_PATHS,
+        default=None,
+        help="how to reach librdkafka: direct (its C API, the fast path), client (confluent-kafka's Producer) "
+        "or auto (direct where it loads, else client with a warning; default)",
+    )
     add_kafka_args(parser)
     add_logging_args(parser)
     return parser
@@ -139,6 +146,8 @@ def config_from_args(args: argparse.Namespace) -> SimulatorConfig:
         changes["duration_s"] = None  # a message count alone means "until the count"
     if args.keep_open:
         changes["close_on_stop"] = False
+    if args.producer_path is not None:
+        changes["producer_path"] = args.producer_path
     fault_changes = {
         name: getattr(args, f"fault_{name}") for name in _FAULTS if getattr(args, f"fault_{name}") is not None
     }

@@ -36,6 +36,8 @@ DEFAULT_PRODUCER: Mapping[str, str] = {
     "message.timeout.ms": "60000",
 }
 
+#: ``SimulatorConfig.producer_path``'s values.
+PRODUCER_PATHS = ("auto", "direct", "client")
 FAULT_KINDS = ("gap", "duplicate", "delayed", "malformed", "abandoned")
 _SENSOR_ID = re.compile(r"^[A-Za-z0-9._-]+$")
 _TOPIC_PREFIX = re.compile(r"^[A-Za-z0-9._-]*$")
@@ -174,6 +176,10 @@ class SimulatorConfig:
         How long to wait for the broker to answer at start.
     stall_timeout_s
         Give up when the producer queue stays full this long (the broker stopped taking messages).
+    producer_path
+        How the simulator reaches librdkafka: ``direct`` (its C API from compiled code,
+        ``simulator.rdkafka``: the fast path), ``client`` (confluent-kafka's ``Producer``, a few times the
+        CPU per message) or ``auto`` (direct where it loads, else client with a warning saying why).
     """
 
     sensors: int = 24
@@ -199,6 +205,7 @@ class SimulatorConfig:
     flush_timeout_s: float = 30.0
     connect_timeout_s: float = 10.0
     stall_timeout_s: float = 60.0
+    producer_path: str = "auto"
 
     def __post_init__(self) -> None:
         def integer(name: str, low: int) -> None:
@@ -257,6 +264,12 @@ class SimulatorConfig:
         for key, value in self.producer.items():
             _check(isinstance(key, str) and isinstance(value, str), "producer", (key, value), "str=str pairs")
         object.__setattr__(self, "producer", dict(self.producer))
+        _check(
+            self.producer_path in PRODUCER_PATHS,
+            "producer_path",
+            self.producer_path,
+            "one of " + ", ".join(PRODUCER_PATHS),
+        )
 
     def replace(self, **changes: Any) -> SimulatorConfig:
         """A copy with some fields changed (validated again)."""

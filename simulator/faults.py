@@ -22,7 +22,12 @@ MALFORMED_VARIANTS = ("truncated", "wrong_type", "missing_field")
 
 
 class FaultTable:
-    """Per-sensor fault rates as arrays, so a block of decisions is a few numpy operations.
+    """Fault rates by sensor: a default and per-sensor overrides, as arrays for a block of decisions.
+
+    An override replaces the default for its sensor entirely (every rate, not only those it names), and it
+    stays until it is cleared: changing the default changes every sensor without an override and none of
+    those with one, so a harness that opens and closes a global fault window leaves the per-sensor rates of
+    its profile alone.
 
     Parameters
     ----------
@@ -37,12 +42,18 @@ class FaultTable:
         self.overrides = dict(overrides)
 
     def set(self, faults: FaultConfig, sensor: str | None = None) -> None:
-        """Replace the rates of one sensor, or the default (which also drops every override)."""
+        """Set the rates of one sensor (an override), or the default (overrides are kept)."""
         if sensor is None:
             self.default = faults
-            self.overrides.clear()
         else:
             self.overrides[sensor] = faults
+
+    def clear(self, sensor: str | None = None) -> None:
+        """Drop the override of one sensor, or of every sensor: they follow the default again."""
+        if sensor is None:
+            self.overrides.clear()
+        else:
+            self.overrides.pop(sensor, None)
 
     def for_sensor(self, sensor: str) -> FaultConfig:
         """The rates that apply to ``sensor``."""

@@ -8,7 +8,7 @@ compiled code (``simulator.native.update_run``), one message after the other.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from faker import Faker
@@ -390,3 +390,21 @@ class SensorTable:
         """``(id, canonical_row)`` for every row, sorted by id: the truth table's content."""
         rows = self.rows
         return [(i, wire.canonical_row(rows[i])) for i in sorted(rows)]
+
+    def final(self) -> FinalTable:
+        """What a closing session records of the table: ``canonical()`` and ``digest()`` from one reading.
+
+        Each of those reads every row again (about 3 us a row), and a session's end needs both.
+        """
+        rows = self.rows
+        return FinalTable(
+            canonical=[(i, wire.canonical_row(rows[i])) for i in sorted(rows)],
+            digest=wire.table_digest(rows.values()),
+        )
+
+
+class FinalTable(NamedTuple):
+    """A table as a session closing left it: ``SensorTable.canonical()`` and ``digest()``."""
+
+    canonical: list[tuple[int, str]]
+    digest: str

@@ -158,9 +158,9 @@ def _put_milli(out: Any, pos: int, x: float) -> int:
 def _encode_run(
     heads: Any,
     head_at: Any,
-    sidx: Any,
+    session_index: Any,
     seqs: Any,
-    tsm: Any,
+    due_ms: Any,
     delete: Any,
     rid: Any,
     values: Any,
@@ -182,15 +182,15 @@ def _encode_run(
     """
     pos = 0
     kinds = len(prog_at) - 1
-    for i in range(len(sidx)):
+    for i in range(len(session_index)):
         if pos + longest > len(out):  # nothing checks indices in compiled code: never write past the end
             return -2
         bounds[i] = pos
-        s = sidx[i]
+        s = session_index[i]
         pos = _put(out, pos, heads, head_at[s], head_at[s + 1] - head_at[s])
         pos = _put_int(out, pos, seqs[i])
         pos = _put(out, pos, lit, consts[0], consts[1])
-        pos = _put_int(out, pos, tsm[i])
+        pos = _put_int(out, pos, due_ms[i])
         if delete[i]:
             pos = _put(out, pos, lit, consts[4], consts[5])
             pos = _put(out, pos, lit, consts[6], consts[7])
@@ -215,7 +215,7 @@ def _encode_run(
         pos = _put(out, pos, lit, consts[8], consts[9])
         out[pos] = 10  # '\n'
         pos += 1
-    bounds[len(sidx)] = pos
+    bounds[len(session_index)] = pos
     return pos
 
 
@@ -380,9 +380,9 @@ class RunEncoder:
     def encode(
         self,
         prefixes: Sequence[bytes],
-        sidx: np.ndarray,
+        session_index: np.ndarray,
         seqs: np.ndarray,
-        tsm: np.ndarray,
+        due_ms: np.ndarray,
         delete: np.ndarray,
         rid: np.ndarray,
         values: np.ndarray,
@@ -390,11 +390,11 @@ class RunEncoder:
     ) -> Values | None:
         """The run's values, or None if Python must encode this run.
 
-        ``prefixes`` are the run's sessions' ``sotw.wire.update_prefix``; ``sidx`` indexes them per message.
+        ``prefixes`` are the run's sessions' ``sotw.wire.update_prefix``; ``session_index`` indexes them per message.
         """
         if not AVAILABLE:
             return None
-        m = len(sidx)
+        m = len(session_index)
         head_at = np.zeros(len(prefixes) + 1, dtype=np.int64)
         head_at[1:] = np.cumsum([len(p) for p in prefixes])
         heads = np.frombuffer(b"".join(prefixes) or b"\0", dtype=np.uint8)
@@ -407,9 +407,9 @@ class RunEncoder:
         n = _encode_run(
             heads,
             head_at,
-            sidx,
+            session_index,
             seqs,
-            tsm,
+            due_ms,
             delete,
             rid,
             np.ascontiguousarray(values),

@@ -1,9 +1,9 @@
-"""The simulator's producer: the librdkafka that confluent-kafka loads, called without its per-message objects.
+"""The simulator's fast producer path: the librdkafka that confluent-kafka loads, without its per-message objects.
 
 Through confluent-kafka's ``Producer``, a message costs the calling thread about 1 us before the simulator
 has done anything of its own: argument parsing, a look-up of the topic by name, and, for its delivery report,
 a ``Message`` object (key and value copied) passed to a Python callback. At the simulator's full speed that
-was more than half of its loop thread. ``DirectProducer`` configures the same library (confluent-kafka's own
+is more than half of its loop thread. ``DirectProducer`` configures the same library (confluent-kafka's own
 copy, found through its ``cimpl`` module, so settings, versions and behaviour are the same) with the same
 settings, and:
 
@@ -17,16 +17,21 @@ The log holds as many reports as the producer can have messages queued (``queue.
 24 bytes each: librdkafka itself keeps a few hundred bytes per queued message), and it is emptied before
 every call that serves reports, so no report can miss its place. Errors of the client (a broker down, say)
 are logged by librdkafka itself, on stderr: no Python runs inside librdkafka's calls.
+
+Where this path cannot load (``unavailable`` says why: another platform, a confluent-kafka build without
+librdkafka's symbols), ``simulator.client.ClientProducer`` does the same job through confluent-kafka's
+``Producer``, at a higher cost per message.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from confluent_kafka import KafkaError
 from llvmlite import binding
 from numba import carray, cfunc, types
 
@@ -87,7 +92,6 @@ def _library() -> ctypes.CDLL:
         "rd_kafka_flush": (ctypes.c_int, [_P, ctypes.c_int]),
         "rd_kafka_purge": (ctypes.c_int, [_P, ctypes.c_int]),
         "rd_kafka_outq_len": (ctypes.c_int, [_P]),
-        "rd_kafka_err2str": (ctypes.c_char_p, [ctypes.c_int]),
     }
     try:
         for name, (restype, argtypes) in signatures.items():
@@ -95,8 +99,7 @@ def _library() -> ctypes.CDLL:
             fn.restype, fn.argtypes = restype, argtypes
     except AttributeError as exc:  # a build that hides librdkafka's symbols
         raise SimulatorError(
-            f"confluent-kafka {confluent_kafka.cimpl.version()[0]} does not expose librdkafka's C API "
-            f"({exc}); the simulator needs a build that links librdkafka as a shared library"
+            f"confluent-kafka {confluent_kafka.cimpl.version()[0]} does not expose librdkafka's C API ({exc})"
         ) from None
     for name in ("rd_kafka_produce", "rd_kafka_last_error"):
         binding.add_symbol(name, ctypes.cast(getattr(lib, name), ctypes.c_void_p).value)
@@ -105,8 +108,8 @@ def _library() -> ctypes.CDLL:
 
 @functools.cache
 def error_text(code: int) -> str:
-    """The text librdkafka gives an error code (what confluent-kafka's ``KafkaError.str()`` says)."""
-    return (_library().rd_kafka_err2str(code) or b"").decode("utf-8", "replace")
+    """The text librdkafka gives an error code (``rd_kafka_err2str``, through confluent-kafka's ``KafkaError``)."""
+    return str(KafkaError(code).str())
 
 
 _produce = types.ExternalFunction(
@@ -201,6 +204,45 @@ def _produce_run(
     return stop, 0
 
 
+def _compile_kernel() -> None:
+    """Compile ``_produce_run`` (or load it from numba's cache) by running it on nothing."""
+    _library()  # first: the kernel links against the librdkafka symbols it registers
+    ints, buf = np.zeros(1, np.int64), np.zeros(1, np.uint8)
+    _produce_run(ints, ints.astype(np.int32), buf, ints, buf, ints, ints, ints, np.zeros(1), 0, 0, 0.0)
+
+
+@functools.cache
+def unavailable() -> str | None:
+    """Why ``DirectProducer`` cannot work in this process, or None when it can.
+
+    It needs librdkafka's C API from confluent-kafka's own copy (a build that links it as a shared library
+    and exports its symbols) and numba to compile the produce kernel and the report callback against it.
+    """
+    try:
+        _library()
+        _report_callback()
+        _compile_kernel()
+    except Exception as exc:  # whatever stops this path, confluent-kafka's Producer may still work
+        return str(exc) or type(exc).__name__
+    return None
+
+
+def check_ledger_settings(get: Callable[[str], str]) -> None:
+    """Refuse settings librdkafka takes but the ledger cannot work with; ``get`` gives a setting's value.
+
+    ``acks=0`` gives no offsets, and ``delivery.report.only.error`` reports no deliveries.
+    """
+    if get("acks") == "0":
+        raise SimulatorError("bad producer setting: acks=0 gives no offsets for the ledger; use 1 or all")
+    if get("delivery.report.only.error") == "true":
+        raise SimulatorError(
+            "bad producer setting: delivery.report.only.error=true reports no deliveries to the ledger"
+        )
+
+
+_NO_REPORTS = np.zeros((3, 0), dtype=np.int64)
+_NO_REPORTS.flags.writeable = False
+
 #: The most messages the producer may queue (``queue.buffering.max.messages``): the report log is sized
 #: from it, 24 bytes a message, so 10,000,000 is 240 MB.
 MAX_QUEUED = 10_000_000
@@ -227,10 +269,13 @@ class DirectProducer:
         self._rk = 0
         self._topics: dict[str, int] = {}
         self._taken: list[np.ndarray] = []
+        self._errstr = ctypes.create_string_buffer(512)  # librdkafka's error text, when a call fails
+        # The report log and its header (``_configure`` sizes them from the queue's limit).
+        self._log = np.zeros((3, 0), dtype=np.int64)
+        self._head = np.zeros(4, dtype=np.int64)
         # Compile the kernel (or load it from numba's cache) now, not in the run's first slice, and before
         # there is a client to leak if that fails.
-        ints, buf = np.zeros(1, np.int64), np.zeros(1, np.uint8)
-        _produce_run(ints, ints.astype(np.int32), buf, ints, buf, ints, ints, ints, np.zeros(1), 0, 0, 0.0)
+        _compile_kernel()
         conf = lib.rd_kafka_conf_new()
         try:
             self._configure(conf, settings)
@@ -246,8 +291,7 @@ class DirectProducer:
         self._rk = rk
 
     def _configure(self, conf: int, settings: Mapping[str, Any]) -> None:
-        lib = self._lib
-        self._errstr = errstr = ctypes.create_string_buffer(512)
+        lib, errstr = self._lib, self._errstr
         for key, value in settings.items():
             if lib.rd_kafka_conf_set(conf, key.encode(), setting_text(value).encode(), errstr, len(errstr)):
                 raise SimulatorError(f"bad producer setting: {errstr.value.decode(errors='replace')}")
@@ -264,12 +308,7 @@ class DirectProducer:
                 f"bad producer setting: queue.buffering.max.messages must be 1 to {MAX_QUEUED:,} for the "
                 f"simulator (its delivery report log is sized from it), not {limit}"
             )
-        if get("acks") == "0":
-            raise SimulatorError("bad producer setting: acks=0 gives no offsets for the ledger; use 1 or all")
-        if get("delivery.report.only.error") == "true":
-            raise SimulatorError(
-                "bad producer setting: delivery.report.only.error=true reports no deliveries to the ledger"
-            )
+        check_ledger_settings(get)
         cap = limit + 1024
         self._log = np.zeros((3, cap), dtype=np.int64)
         self._head = np.array([0, cap, 0, self._log.ctypes.data], dtype=np.int64)
@@ -342,7 +381,7 @@ class DirectProducer:
         self._stash()
         taken = self._taken
         if not taken:
-            out = np.zeros((3, 0), dtype=np.int64)
+            out = _NO_REPORTS
         elif len(taken) == 1:
             out = taken[0]
         else:

@@ -9,8 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
+import pytest
 from confluent_kafka import TopicPartition
 
+from simulator import Simulator
 from sotw.kafka import EndOffsets, KafkaConfig
 
 FIXED_START = 1_790_000_000.0
@@ -69,5 +71,23 @@ def read_topics(kafka: KafkaConfig, topics: list[str], partitions: int) -> list[
     return out
 
 
+def when_planned(sim: Simulator, n: int) -> int:
+    """Wait until ``sim`` has planned ``n`` messages; return how many it has.
+
+    A live change asked for then applies from the block after the one being sent (up to a block's messages
+    later), so a test that counts its next threshold from the returned number gets phases of at least that
+    many messages, however slow its own thread is.
+    """
+    while (planned := sim.stats().planned) < n:
+        time.sleep(0.005)
+    return planned
+
+
 def read_ledger(run_dir: Path) -> list[dict[str, Any]]:
     return pq.read_table(run_dir / "ledger").to_pylist()
+
+
+@pytest.fixture(params=["direct", "client"])
+def producer_path(request: pytest.FixtureRequest) -> str:
+    """Each producer path in turn (``SimulatorConfig.producer_path``): both must fill the ledger the same way."""
+    return str(request.param)

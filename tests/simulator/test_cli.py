@@ -118,3 +118,12 @@ def test_ctrl_c_stops_cleanly_and_still_writes_the_ledger_and_the_summary(bootst
     sessions = pq.read_table(run_dir / "truth" / "sessions.parquet").to_pylist()
     assert sessions and all(s["status"] == "ended" for s in sessions)
     assert json.loads((run_dir / "run.json").read_text())["ended_ms"] is not None
+
+
+def test_the_producer_path_flag_chooses_the_path_and_is_auto_by_default():
+    from simulator.cli import build_parser, config_from_args
+
+    assert config_from_args(build_parser().parse_args([])).producer_path == "auto"
+    assert (
+        config_from_args(build_parser().parse_args(["--producer-path", "client"])).producer_path == "client"
+    )

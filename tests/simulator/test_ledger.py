@@ -9,8 +9,10 @@ from tests.simulator.conftest import read_ledger, read_topics
 FAULTS = FaultConfig(gap=0.03, duplicate=0.03, delayed=0.03, malformed=0.03, abandon=0.3, delay_ms=30)
 
 
-def test_ledger_agrees_with_what_an_independent_consumer_reads_back(kafka, simulate):
-    summary, config = simulate(faults=FAULTS, duration_s=1.5, session_interval_s=0.3)
+def test_ledger_agrees_with_what_an_independent_consumer_reads_back(kafka, simulate, producer_path):
+    summary, config = simulate(
+        faults=FAULTS, duration_s=1.5, session_interval_s=0.3, producer_path=producer_path
+    )
     assert pq.read_schema(next((summary.run_dir / "ledger").glob("*.parquet"))).equals(LEDGER_SCHEMA)
     ledger = read_ledger(summary.run_dir)
     records = read_topics(kafka, list(summary.topics), config.partitions)
@@ -28,8 +30,10 @@ def test_ledger_agrees_with_what_an_independent_consumer_reads_back(kafka, simul
     assert set(on_topics) == ledger_places, "the topics hold messages the ledger does not know"
 
 
-def test_each_fault_is_on_record_the_way_the_issue_describes(kafka, simulate):
-    summary, config = simulate(faults=FAULTS, duration_s=1.5, session_interval_s=0.3)
+def test_each_fault_is_on_record_the_way_the_issue_describes(kafka, simulate, producer_path):
+    summary, config = simulate(
+        faults=FAULTS, duration_s=1.5, session_interval_s=0.3, producer_path=producer_path
+    )
     ledger = read_ledger(summary.run_dir)
     records = read_topics(kafka, list(summary.topics), config.partitions)
     by_place = {(r["topic"], r["partition"], r["offset"]): r for r in records}
@@ -75,8 +79,8 @@ def test_each_fault_is_on_record_the_way_the_issue_describes(kafka, simulate):
     assert dict(summary.stats.faults) == {k: kinds[k] for k in summary.stats.faults}
 
 
-def test_acked_ts_follows_sent_ts_for_delivered_rows_and_is_null_for_the_rest(simulate):
-    summary, _ = simulate(faults=FAULTS, duration_s=1.0, session_interval_s=0.3)
+def test_acked_ts_follows_sent_ts_for_delivered_rows_and_is_null_for_the_rest(simulate, producer_path):
+    summary, _ = simulate(faults=FAULTS, duration_s=1.0, session_interval_s=0.3, producer_path=producer_path)
     ledger = read_ledger(summary.run_dir)
     delivered = [row for row in ledger if row["delivered"]]
     assert delivered and len(delivered) < len(ledger)  # gaps and abandoned ends are never acknowledged
@@ -87,9 +91,11 @@ def test_acked_ts_follows_sent_ts_for_delivered_rows_and_is_null_for_the_rest(si
             assert row["acked_ts"] is None, row
 
 
-def test_acked_ts_at_full_speed_is_filled_for_every_message(simulate):
+def test_acked_ts_at_full_speed_is_filled_for_every_message(simulate, producer_path):
     # Unthrottled, the loop dates reports by its poll marks and the final flush by its slices.
-    summary, _ = simulate(rate=0, duration_s=None, max_messages=20_000, session_interval_s=3600)
+    summary, _ = simulate(
+        rate=0, duration_s=None, max_messages=20_000, session_interval_s=3600, producer_path=producer_path
+    )
     ledger = read_ledger(summary.run_dir)
     assert summary.unacknowledged == 0 and len(ledger) == summary.stats.sent
     assert all(row["sent_ts"] <= row["acked_ts"] for row in ledger)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow.parquet as pq
+from hdrh.histogram import HdrHistogram
 
 from simulator.faults import NONE
-from simulator.ledger import NOT_ACKNOWLEDGED, UPDATE, Ledger
+from simulator.ledger import NOT_ACKNOWLEDGED, UPDATE, Lateness, Ledger
 from simulator.native import Values
 
 
@@ -67,3 +68,24 @@ def test_rows_still_without_a_report_at_close_are_written_as_not_acknowledged(tm
         (True, 7, None),
         (False, None, NOT_ACKNOWLEDGED),
     ]
+
+
+def test_lateness_is_counted_as_hdrhistogram_counts_it_and_merges_and_encodes_as_one():
+    values = np.random.default_rng(3).exponential(3.0, 20_000) - 0.2  # ms; a few early ones count as 0
+    values[7] = 5_000_000.0  # past the hour the histogram tracks: counted as an hour
+    first, second = Lateness(), Lateness()
+    first.add(values[:7_000])
+    second.add(values[7_000:])
+    second.add(np.array([]))
+    reference = HdrHistogram(1, Lateness.HIGHEST_US, 3)
+    for us in np.clip(np.rint(values * 1000.0), 0, Lateness.HIGHEST_US).astype(np.int64).tolist():
+        reference.record_value(us)
+    merged = HdrHistogram.decode(first.encode())
+    merged.add(HdrHistogram.decode(second.encode()))
+    assert merged.equals(reference) and merged.get_total_count() == 20_000
+    whole = Lateness()
+    whole.add(values)
+    assert whole.histogram.equals(reference)
+    expected = reference.get_percentile_to_value_dict([50, 99, 99.9])
+    assert whole.percentiles(50, 99, 99.9) == [expected[q] / 1000.0 for q in (50, 99, 99.9)]
+    assert whole.max_ms == 5_000_000.0 and Lateness().percentiles(50) == [None]

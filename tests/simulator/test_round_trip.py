@@ -32,9 +32,10 @@ def rebuild(messages):
     ],
 )
 def test_every_message_decodes_and_each_end_digest_matches_the_rebuilt_table_and_the_truth(
-    kafka, simulate, load
+    kafka, simulate, load, producer_path
 ):
-    summary, config = simulate(**load)
+    summary, config = simulate(producer_path=producer_path, **load)
+    assert summary.producer_path == producer_path
     records = read_topics(kafka, list(summary.topics), config.partitions)
     sessions: dict[str, list[wire.Message]] = {}
     for rec in records:
