@@ -67,8 +67,11 @@ class Stage(Protocol):
     def profile_faults(self) -> FaultConfig:
         """The profile's global fault rates."""
 
-    def add_sensors(self, count: int) -> list[str]:
-        """Have ``count`` new sensors join now; return their ids."""
+    def add_sensors(self, count: int) -> None:
+        """Have ``count`` new sensors join now."""
+
+    def renew_producer(self) -> None:
+        """Give the simulator a new producer, as clients reconnect after a broker lost its state."""
 
     def kill_pipeline(self) -> None:
         """Send SIGKILL to the pipeline's whole process tree at once, as a crash would."""
@@ -261,7 +264,11 @@ class BrokerDataLoss(Incident):
     def begin(self, stage: Stage) -> str:
         """Kill the broker and start it again without its data (returns once it answers)."""
         _broker(stage, self.kind).restart(self.downtime_s, lose_data=True)
-        return f"broker killed, down {self.downtime_s:g} s, answering again without its data"
+        # The simulator's idempotent producer is unknown to the new broker and would never deliver again.
+        stage.renew_producer()
+        return (
+            f"broker killed, down {self.downtime_s:g} s, answering again without its data; producer renewed"
+        )
 
 
 @dataclass(frozen=True)
@@ -409,8 +416,8 @@ class SensorStorm(Incident):
 
     def begin(self, stage: Stage) -> str:
         """Add the sensors."""
-        joined = stage.add_sensors(self.sensors)
-        return f"{len(joined)} sensors joined ({joined[0]} .. {joined[-1]})" if joined else "no sensor joined"
+        stage.add_sensors(self.sensors)
+        return f"{self.sensors} new sensors joining at once"
 
 
 @dataclass(frozen=True)

@@ -157,9 +157,13 @@ class RunStage:
         """The profile's global fault rates."""
         return self.profile.simulator.faults
 
-    def add_sensors(self, count: int) -> list[str]:
+    def add_sensors(self, count: int) -> None:
         """Have ``count`` sensors join now."""
-        return self.simulator.add_sensors(count)
+        self.simulator.add_sensors(count)
+
+    def renew_producer(self) -> None:
+        """Give the simulator a new producer (after the broker lost the producer ids it knew)."""
+        self.simulator.renew_producer()
 
     def kill_pipeline(self) -> None:
         """SIGKILL the pipeline's whole process tree."""

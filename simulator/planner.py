@@ -252,12 +252,15 @@ class Planner:
             self._edges_for = key
         return self._edges
 
-    def next_block(self, rate: float, sched_s: float, end_s: float, left: float) -> Block | None:
+    def next_block(
+        self, rate: float, sched_s: float, end_s: float, left: float, joins: int = 0
+    ) -> Block | None:
         """Plan the slots after ``sched_s`` (None when the run is over).
 
         ``rate`` is the current rate (0: as fast as possible, every slot due now), ``end_s`` the end of the
-        schedule and ``left`` how many messages may still be planned. Churn happens at the block's start: the
-        sessions of retiring sensors end there (``Block.closing``), joining sensors get their tables.
+        schedule and ``left`` how many messages may still be planned; ``joins`` sensors join besides the
+        churn's. Churn happens at the block's start: the sessions of retiring sensors end there
+        (``Block.closing``), joining sensors get their tables.
         """
         if rate > 0:
             n = int(min(MAX_BLOCK, max(1.0, rate * BLOCK_SPAN_S)))
@@ -274,7 +277,8 @@ class Planner:
         due_ms_array = np.floor(ts * 1000.0).astype(np.int64)
         due_ms = due_ms_array.tolist()
         rng, fleet = self.rng, self.fleet
-        joins, leaving = fleet.churn(float(ts[-1] - sched_s))
+        churned, leaving = fleet.churn(float(ts[-1] - sched_s))
+        joins += churned
         closing: list[Planned] = []
         for sensor in leaving:
             if sensor.session is not None:

@@ -189,8 +189,9 @@ class Simulator:
 
     Notes
     -----
-    ``set_faults``, ``clear_faults``, ``set_load_factor`` and ``stats`` may be called from other threads
-    while ``run`` is running; changes take effect at the next block (at most about 0.1 s of schedule).
+    ``set_faults``, ``clear_faults``, ``set_load_factor``, ``add_sensors``, ``renew_producer`` and ``stats``
+    may be called from other threads while ``run`` is running; changes take effect at the next block (at most
+    about 0.1 s of schedule).
     """
 
     def __init__(
@@ -205,6 +206,8 @@ class Simulator:
         self.clock: Clock = clock or time.time
         self._lock = threading.Lock()  # guards what other threads change or read: controls and parts
         self._fault_changes: list[_FaultChange] = []
+        self._joins_asked = 0
+        self._renew_asked = False
         self._load_factor = config.load_factor
         self._faults = FaultTable(config.faults, config.sensor_faults)
         self._started = False
@@ -239,6 +242,27 @@ class Simulator:
         """Drop the fault rates of one sensor, or of every sensor that has its own: they follow the default."""
         with self._lock:
             self._fault_changes.append(_FaultChange(None, sensor))
+
+    def add_sensors(self, count: int) -> None:
+        """Have ``count`` new sensors join at the next block, all at once (a sensor storm).
+
+        They get the next ids, topics of their own (created before their first message) and the default fault
+        rates, and share the rate with the others as sensors joining by churn do.
+        """
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise SimulatorError(f"count must be a whole number >= 1, got {count!r}")
+        with self._lock:
+            self._joins_asked += count
+
+    def renew_producer(self) -> None:
+        """Replace the producer with a new one at the next block, as a client restarts after a broker lost its state.
+
+        A broker that comes back without the producer ids it knew (the memory broker restarted) never takes
+        another message from an idempotent producer that lived through it: every message times out. What the
+        old producer still holds is purged (its ledger rows say so); the new one starts from the next message.
+        """
+        with self._lock:
+            self._renew_asked = True
 
     def set_load_factor(self, factor: float) -> None:
         """Change the load factor (multiplier of ``config.rate``) while running."""
@@ -282,16 +306,29 @@ class Simulator:
                 backpressure_waits=sender.backpressure_waits if sender else 0,
             )
 
-    def _apply_controls(self) -> float:
-        """Apply the fault changes asked for since the last block; return the load factor."""
+    def _apply_controls(self) -> tuple[float, int]:
+        """Apply the changes asked for since the last block; return the load factor and the sensors to add."""
         with self._lock:
             changes, self._fault_changes = self._fault_changes, []
             factor = self._load_factor
+            joins, self._joins_asked = self._joins_asked, 0
+            renew, self._renew_asked = self._renew_asked, False
         for change in changes:
             change.apply(self._faults)
         if changes and self._planner is not None:
             self._planner.faults_changed()
-        return factor
+        if renew and self._sender is not None:
+            self._sender.renew(self._open_producer()[0])
+        return factor, joins
+
+    def _open_producer(self) -> tuple[MessageProducer, str]:
+        """A new producer with the run's settings (its path, and the settings the ledger can use)."""
+        cfg = self.config
+        tuned = {**DEFAULT_PRODUCER, **cfg.producer}
+        return open_producer(
+            cfg.producer_path,
+            self.kafka.client(**{k: v for k, v in tuned.items() if k not in self.kafka.settings}),
+        )
 
     def _sample_rate(self) -> None:
         """Note the messages sent so far, for ``stats().rate``."""
@@ -319,16 +356,15 @@ class Simulator:
         if ledger_dir.exists() and any(ledger_dir.iterdir()):
             raise SimulatorError(f"run directory {self.run_dir} already has a ledger; choose a new --run-dir")
         wait_for_kafka(self.kafka.bootstrap, cfg.connect_timeout_s, dict(self.kafka.settings))
-        tuned = {**DEFAULT_PRODUCER, **cfg.producer}
         # First: a bad setting is refused before anything is written.
-        producer, path = open_producer(
-            cfg.producer_path,
-            self.kafka.client(**{k: v for k, v in tuned.items() if k not in self.kafka.settings}),
-        )
+        producer, path = self._open_producer()
         try:
             return self._run(producer, path, ledger_dir, stop)
         finally:
-            producer.close()  # its threads and connections end with the run, however it ends
+            # Its threads and connections end with the run, however it ends; so do a renewed one's.
+            producer.close()
+            if self._sender is not None:
+                self._sender.producer.close()
 
     def _run(
         self, producer: MessageProducer, path: str, ledger_dir: Path, stop: threading.Event | None
@@ -446,12 +482,12 @@ class Simulator:
         self._sched_s = self._start_s
         last_seal = time.monotonic()
         while True:
-            factor = self._apply_controls()
+            factor, joins = self._apply_controls()
             if (stop is not None and stop.is_set()) or self._sched_s >= end_s or self._planned >= max_planned:
                 break
             rate = cfg.rate * factor
             self._paced = rate > 0
-            block = planner.next_block(rate, self._sched_s, end_s, max_planned - self._planned)
+            block = planner.next_block(rate, self._sched_s, end_s, max_planned - self._planned, joins)
             if block is None:
                 break
             for planned in block.closing:
