@@ -763,6 +763,11 @@ class SessionProcessor:
     fast
         Apply runs of plain in-order updates on the hot path (``_plain_run``); False keeps every message on
         the general path, which is the reference the tests hold the hot path to.
+
+    Attributes
+    ----------
+    policy : Policy
+        The rules of the configured policy (``policy_for``).
     """
 
     def __init__(self, policy: PolicyConfig, fast: bool = True) -> None:
