@@ -3,6 +3,9 @@
 Each policy is one class of stream integrity (see ``docs/pipeline.md``): ``strict`` (in order, nothing
 skipped: stop the query otherwise), ``ordered`` (in order, skips and repeats tolerated), ``once`` (any order,
 nothing skipped or repeated), ``window`` (out of order within a bounded lateness) and ``none`` (only counted).
+This module holds a run's choice and its settings; each policy's rules are one class in ``pipeline.state``
+(``Strict``, ``Ordered``, ``Once``, ``Window``, ``NoIntegrity``), which ``pipeline.state.policy_for`` picks
+from ``PolicyConfig.policy``.
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import random
 from typing import Any
 
@@ -9,9 +10,9 @@ import pyarrow as pa
 import pytest
 
 from pipeline.errors import ConfigError, IntegrityViolation
-from pipeline.policies import PolicyConfig
+from pipeline.policies import POLICIES, PolicyConfig
 from pipeline.records import ARROW_SCHEMA, CHANGE_COLUMNS, COLUMNS, Records, from_blocks
-from pipeline.state import Envelope, SessionProcessor, SessionState
+from pipeline.state import POLICY_CLASSES, Envelope, Policy, SessionProcessor, SessionState, policy_for
 from sotw.wire import encode_end, encode_snapshot, encode_update, table_digest
 
 SENSOR, SESSION, TOPIC = "sensor-7", "sess-1", "sotw-sensor-7"
@@ -351,6 +352,112 @@ def test_none_mode_still_writes_integrity_records_for_malformed_messages() -> No
     assert violations(out) == [("malformed", None, None)]
 
 
+# ---------------------------------------------------------------- one anomaly, each policy (docs/pipeline.md)
+
+WINDOW = {"window_messages": 2}
+
+
+def outcome(policy: str, envs: list[Envelope]) -> str | tuple[list[tuple[Any, ...]], str]:
+    """What a policy makes of one batch of a session: the violation that stopped it, or its integrity records
+    and the status it closed with (timed out if it was still open). ``window`` waits behind 2 messages."""
+    processor = SessionProcessor(PolicyConfig(policy, **WINDOW if policy == "window" else {}))
+    try:
+        state, out = processor.apply(None, envs, NOW)
+        if state is not None and not state.closed:
+            _, timed_out = processor.expire(state, NOW + 1)
+            out.others += timed_out.others
+    except IntegrityViolation as stop:
+        return stop.violation
+    return violations(out), session_record(out)["status"]
+
+
+@pytest.mark.parametrize(
+    ("policy", "expected"),
+    [
+        ("strict", "duplicate"),
+        ("ordered", ([("duplicate", 3, 1)], "ok")),
+        ("once", ([("duplicate", 3, 1)], "ok")),
+        ("window", ([("duplicate", 3, 1)], "ok")),
+        ("none", ([], "ok")),
+    ],
+)
+def test_a_repeated_seq_stops_strict_is_dropped_and_recorded_or_under_none_applied_again(
+    policy: str, expected: Any
+) -> None:
+    envs = envelopes(typical().values)
+    assert outcome(policy, arrive(pick(envs, 0, 1, 2, 1, 3, 4, 5, 6))) == expected
+
+
+@pytest.mark.parametrize(
+    ("policy", "expected"),
+    [
+        ("strict", "gap"),
+        ("ordered", ([("gap", 2, 3), ("digest_mismatch", None, None)], "degraded")),
+        ("once", ([("gap", 2, None), ("timeout", 6, None)], "failed")),
+        ("window", ([("gap", 2, 3), ("digest_mismatch", None, None)], "degraded")),
+        ("none", ([], "degraded")),
+    ],
+)
+def test_a_seq_that_never_comes_stops_strict_is_a_gap_and_makes_once_wait_and_fail(
+    policy: str, expected: Any
+) -> None:
+    envs = envelopes(typical().values)
+    assert outcome(policy, pick(envs, 0, 1, 3, 4, 5, 6)) == expected
+
+
+@pytest.mark.parametrize(
+    ("policy", "expected"),
+    [
+        ("strict", "gap"),
+        ("ordered", ([("gap", 2, 3), ("reorder", 4, 2), ("digest_mismatch", None, None)], "degraded")),
+        ("once", ([("reorder", 4, 2)], "ok")),
+        ("window", ([("reorder", 2, 2)], "ok")),
+        ("none", ([], "degraded")),
+    ],
+)
+def test_a_seq_arriving_after_a_higher_one_is_restored_only_by_once_and_window(
+    policy: str, expected: Any
+) -> None:
+    envs = envelopes(typical().values)
+    assert outcome(policy, arrive(pick(envs, 0, 1, 3, 2, 4, 5, 6))) == expected
+
+
+@pytest.mark.parametrize(
+    ("policy", "expected"),
+    [
+        ("strict", "late_after_close"),
+        ("ordered", ([("late_after_close", None, 7), ("duplicate", None, 1)], "ok")),
+        ("once", ([("late_after_close", None, 7), ("duplicate", None, 1)], "ok")),
+        ("window", ([("late_after_close", None, 7), ("duplicate", None, 1)], "ok")),
+        ("none", ([], "ok")),
+    ],
+)
+def test_messages_after_the_end_are_dropped_as_late_or_duplicate_and_stop_strict(
+    policy: str, expected: Any
+) -> None:
+    s = typical().upsert(2, 99.0)  # seq 7, after the end
+    envs = envelopes(s.values)
+    assert outcome(policy, arrive(pick(envs, *range(8), 1))) == expected
+
+
+def test_each_policy_is_one_class_chosen_once_from_the_config() -> None:
+    assert sorted(POLICY_CLASSES) == sorted(POLICIES)
+    for name in POLICIES:
+        config = PolicyConfig(name, **WINDOW if name == "window" else {})
+        policy = policy_for(config)
+        assert isinstance(policy, Policy) and type(policy) is POLICY_CLASSES[name]
+        assert (policy.name, policy.config) == (name, config)
+        assert type(SessionProcessor(config).policy) is POLICY_CLASSES[name]
+
+
+def test_session_state_tells_a_late_arrival_for_a_hole_from_a_duplicate() -> None:
+    state = SessionState(SESSION, SENSOR, next_seq=10, missing=[(2, 4), (7, 7)])
+    assert [state.seen(seq) for seq in (1, 3, 7, 9, 10)] == [True, False, False, True, False]
+    assert state.take_missing(3) and state.missing == [(2, 2), (4, 4), (7, 7)]
+    assert not state.take_missing(3) and state.seen(3)
+    assert state.take_missing(7) and state.missing == [(2, 2), (4, 4)]
+
+
 # ---------------------------------------------------------------- lifecycle
 
 
@@ -406,6 +513,31 @@ def test_state_bytes_from_another_format_version_are_refused() -> None:
 
     with pytest.raises(PipelineError, match="format version 99"):
         SessionState.from_bytes(pickle.dumps((99, ())))
+
+
+# A window session's state as sotw wrote it in checkpoint format 1: that of
+# Session(rows=1).upsert(0, 1.5).upsert(1, 2.5).end() with its snapshot applied and seqs 2 and 3 (the end)
+# held back, waiting for seq 1.
+FORMAT_1_WINDOW_STATE = base64.b64decode(
+    "gAWV1QEAAAAAAABLASiMBnNlc3MtMZSMCHNlbnNvci03lIlOiH2USwCMIXsiaWQiOjAsIm5hbWUiOiLDqTAiLCJ0ZW1wIjoyMC41"
+    "fZRzfZRLAV2UfZQoSwIoTeoDjA1zb3R3LXNlbnNvci03lEsDS2ZDBnNlc3MtMZRDfnsic2Vuc29yIjoic2Vuc29yLTciLCJzZXNz"
+    "aW9uIjoic2Vzcy0xIiwic2VxIjoyLCJraW5kIjoidXBkYXRlIiwidHMiOjEwMDIsIm9wIjoidXBzZXJ0Iiwicm93Ijp7ImlkIjox"
+    "LCJ0ZW1wIjoyLjUsIm5hbWUiOiJ1MiJ9fZR0lEsDKE3rA2gHSwNLZ0MGc2Vzcy0xlEOceyJzZW5zb3IiOiJzZW5zb3ItNyIsInNl"
+    "c3Npb24iOiJzZXNzLTEiLCJzZXEiOjMsImtpbmQiOiJlbmQiLCJ0cyI6MTAwMywicm93cyI6MiwiZGlnZXN0IjoiYjdmZDFlNDQz"
+    "MjNmNTdhOTdlNmUzNjM4OGNkZmY0YmNjYTEwMzIyOTMwNjRiMmNhZWEyZTM4MGRkMDJkOGUxNiJ9lHSUdU5LAEsDTesDTesDaAdL"
+    "A0tnS2RLAUsASwBLAEsASwBLAE5KwDBGAHSUhpQu"
+)
+
+
+def test_a_checkpoint_written_in_format_1_still_loads_and_the_session_resumes() -> None:
+    s = Session(rows=1).upsert(0, 1.5).upsert(1, 2.5).end()
+    state = SessionState.from_bytes(FORMAT_1_WINDOW_STATE)
+    assert (state.next_seq, sorted(state.buffer), state.last_offset) == (1, [2, 3], 103)
+    processor = SessionProcessor(PolicyConfig("window", window_messages=5))
+    state, out = processor.apply(state, [envelopes(s.values)[1]], NOW)
+    assert (session_record(out)["status"], session_record(out)["digest"]) == ("ok", s.digest)
+    assert [c["seq"] for c in out.of("change")] == [1, 2]
+    assert state is not None and state.closed and state.buffer == {}
 
 
 @pytest.mark.parametrize(
