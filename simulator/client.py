@@ -175,11 +175,17 @@ class ClientProducer:
 
     def poll(self, timeout_s: float = 0.0) -> None:
         """Serve delivery reports and client errors; wait up to ``timeout_s`` for some."""
-        self._client().poll(timeout_s)
+        try:
+            self._client().poll(timeout_s)
+        except SystemError as exc:
+            raise _interrupted(exc) from None
 
     def flush(self, timeout_s: float) -> int:
         """Wait up to ``timeout_s`` for every queued message to be reported; return how many are left."""
-        return int(self._client().flush(timeout_s))
+        try:
+            return int(self._client().flush(timeout_s))
+        except SystemError as exc:
+            raise _interrupted(exc) from None
 
     def purge(self) -> None:
         """Drop what is queued and in flight: each such message gets a report with a purge error."""
@@ -204,6 +210,20 @@ class ClientProducer:
         producer, self._producer = self._producer, None
         if producer is not None:
             producer.close()
+
+
+def _interrupted(exc: SystemError) -> BaseException:
+    """What a ``SystemError`` out of confluent-kafka's poll or flush was: an interrupted delivery callback.
+
+    A Ctrl-C that lands as a Python delivery callback starts is raised there, before any code of the
+    callback can catch it; confluent-kafka then drops the exception and its ``poll`` returns NULL with none
+    set, which Python reports as ``SystemError``. The report that callback carried is lost, so its ledger row
+    stays unacknowledged (the message itself was sent and has its row): the price of the client path, whose
+    reports are Python calls; the direct path's are not.
+    """
+    if "without setting an exception" in str(exc):
+        return KeyboardInterrupt()
+    return exc
 
 
 def open_producer(path: str, settings: Mapping[str, Any]) -> tuple[MessageProducer, str]:

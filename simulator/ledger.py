@@ -322,6 +322,13 @@ class Ledger:
         self._digest_rows += 1
         return index
 
+    def unsend_last(self) -> None:
+        """Record the row just added as never sent: the client refused its message after all."""
+        session, seq, kind, fault, intended_ms, sent_s = self.rows[-1]
+        if sent_s >= 0:
+            self.rows[-1] = (session, seq, kind, fault, intended_ms, -1.0)
+            self.sent -= 1
+
     def outstanding(self) -> int:
         """Messages produced and not yet reported on.
 

@@ -169,16 +169,25 @@ class Sender:
     # ---- sending --------------------------------------------------------------------------------------
 
     def send(self, msg: Message, fault: int = NONE) -> None:
-        """Produce one message now and add its ledger row (off the hot path: its digest is computed here)."""
+        """Produce one message now and add its ledger row (off the hot path: its digest is computed here).
+
+        The row is added first and taken back if the client refuses the message: a Ctrl-C landing between
+        the two then leaves a row recorded as sent that never was (reported as not acknowledged), never a
+        message on a topic without its row.
+        """
         producer, ledger, session = self.producer, self.ledger, msg.session
-        row, topic = ledger.next_index, producer.topic(session.topic)
+        topic = producer.topic(session.topic)
         now, digest = self.clock(), hashlib.sha256(msg.value).digest()
-        self._produce_or_wait(
-            functools.partial(producer.produce, topic, session.partition, msg.value, session.key, row),
-            session.topic,
-            len(msg.value),
-        )
-        ledger.add_row(session.code, msg.seq, msg.kind, fault, msg.intended_ms, now, digest)  # at once
+        row = ledger.add_row(session.code, msg.seq, msg.kind, fault, msg.intended_ms, now, digest)
+        try:
+            self._produce_or_wait(
+                functools.partial(producer.produce, topic, session.partition, msg.value, session.key, row),
+                session.topic,
+                len(msg.value),
+            )
+        except SimulatorError:
+            ledger.unsend_last()
+            raise
         self.sent += 1
         if fault in (NONE, MALFORMED) and msg.seq > session.hi:
             session.hi = msg.seq
