@@ -98,7 +98,11 @@ def run_drill(
 ) -> Results:
     """Run one drill and return its results with the scorecard (also in ``root/results.json``)."""
     profile = changed(
-        load_profile(drill.profile, drill.scenario), drill.pipeline, drill.run, f"drill {drill.name}"
+        load_profile(drill.profile, drill.scenario),
+        f"drill {drill.name}",
+        simulator=drill.simulator,
+        pipeline=drill.pipeline,
+        run=drill.run,
     )
     request = RunRequest(
         profile,
@@ -117,7 +121,6 @@ def run_drill(
         recoveries=results.incidents,
         stopped=results.pipeline_stop is not None,
         stop_message=results.pipeline_stop or "",
-        trigger_s=profile.pipeline.trigger_ms / 1000.0,
         data_loss_reports=results.data_loss_reports,
     )
     results = dataclasses.replace(results, drill=drill.score(outcome))

@@ -178,8 +178,14 @@ def results(outcome: Outcome, clock: Callable[[], float] = time.time) -> Results
 
 
 def incident_results(outcome: Outcome, samples: pd.DataFrame, e2e: pd.DataFrame) -> list[IncidentResult]:
-    """Each incident's window, what was done, and what it did to the pipeline (``loadtest.recovery``)."""
+    """Each incident's window, what was done, and what it did to the pipeline (``loadtest.recovery``).
+
+    A stop is also counted in triggers: the batches the pipeline planned between the incident's end and its
+    stop (from the checkpoint's offset log, which every trigger that plans a batch writes), plus the trigger
+    that failed.
+    """
     steady = outcome.steady
+    planned = batch_times(outcome.run_dir / "pipeline" / "checkpoint")
     out = []
     for record in outcome.incidents:
         if not record.start_ms:
@@ -193,8 +199,27 @@ def incident_results(outcome: Outcome, samples: pd.DataFrame, e2e: pd.DataFrame)
             outcome.stopped,
             steady.start_ms if steady else None,
         )
-        out.append(dataclasses.replace(measured, notes=list(record.notes), error=record.error))
+        triggers = None
+        if measured.stopped and outcome.stopped is not None:
+            triggers = 1 + sum(1 for t in planned if window.end_ms <= t <= outcome.stopped.at_ms)
+        out.append(
+            dataclasses.replace(
+                measured, notes=list(record.notes), error=record.error, stop_triggers=triggers
+            )
+        )
     return out
+
+
+def batch_times(checkpoint: Path) -> list[int]:
+    """When each batch still in the checkpoint's offset log was planned (``batchTimestampMs``), ascending."""
+    folder = checkpoint / "offsets"
+    times = []
+    for path in folder.glob("[0-9]*") if folder.is_dir() else []:
+        try:
+            times.append(int(json.loads(path.read_text().splitlines()[1])["batchTimestampMs"]))
+        except (OSError, ValueError, KeyError, IndexError):
+            continue
+    return sorted(times)
 
 
 # ------------------------------------------------------------------------------------------- samples

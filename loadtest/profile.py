@@ -286,8 +286,16 @@ class Profile:
         return out
 
 
-def changed(profile: Profile, pipeline: Mapping[str, Any], run: Mapping[str, Any], where: str) -> Profile:
-    """``profile`` with some pipeline and run settings changed (a drill's ``pipeline = {...}``, ``run = {...}``).
+def changed(
+    profile: Profile,
+    where: str,
+    simulator: Mapping[str, Any] | None = None,
+    pipeline: Mapping[str, Any] | None = None,
+    run: Mapping[str, Any] | None = None,
+) -> Profile:
+    """``profile`` with some settings changed (a drill's ``simulator``, ``pipeline`` and ``run`` tables).
+
+    A ``faults`` table replaces the profile's fault rates whole (``faults = {}`` turns them off).
 
     Raises
     ------
@@ -295,13 +303,27 @@ def changed(profile: Profile, pipeline: Mapping[str, Any], run: Mapping[str, Any
         Naming ``where`` and the unknown setting or the bad value.
     """
     try:
-        new_pipeline = dataclasses.replace(
-            profile.pipeline, **known_settings(PipelineSettings, pipeline, f"{where}.pipeline")
-        )
-        new_run = dataclasses.replace(profile.run, **known_settings(RunSettings, run, f"{where}.run"))
+        sim_changes = dict(known_settings(SimulatorConfig, simulator or {}, f"{where}.simulator"))
+        if "faults" in sim_changes:
+            sim_changes["faults"] = FaultConfig.from_mapping(
+                sim_changes["faults"], where=f"{where}.simulator.faults"
+            )
+        if "sensor_faults" in sim_changes:
+            sim_changes["sensor_faults"] = {
+                str(k): FaultConfig.from_mapping(v, where=f"{where}.simulator.sensor_faults.{k}")
+                for k, v in dict(sim_changes["sensor_faults"]).items()
+            }
+        new_sim = profile.simulator.replace(**sim_changes)
+        pipe_changes = dict(known_settings(PipelineSettings, pipeline or {}, f"{where}.pipeline"))
+        if "extra_args" in pipe_changes:
+            pipe_changes["extra_args"] = tuple(pipe_changes["extra_args"])
+        new_pipeline = dataclasses.replace(profile.pipeline, **pipe_changes)
+        new_run = dataclasses.replace(profile.run, **known_settings(RunSettings, run or {}, f"{where}.run"))
     except SotwError as exc:
         raise HarnessError(str(exc)) from None
-    return dataclasses.replace(profile, pipeline=new_pipeline, run=new_run)
+    except TypeError as exc:
+        raise HarnessError(f"{where}: {exc}") from None
+    return dataclasses.replace(profile, simulator=new_sim, pipeline=new_pipeline, run=new_run)
 
 
 def _jsonable(value: Any) -> Any:

@@ -241,6 +241,7 @@ class IncidentResult:
     e2e_threshold_ms: float = math.nan
     stopped: bool = False
     stop_after_s: float | None = None
+    stop_triggers: int | None = None
     stop_message: str = ""
     notes: list[str] = field(default_factory=list)
     error: str | None = None

@@ -418,7 +418,12 @@ class Sampler(threading.Thread):
                 out.write(json.dumps(row) + "\n")
                 out.flush()
                 next_at += self._interval
-                self._halt.wait(max(0.0, next_at - time.monotonic()))
+                now = time.monotonic()
+                if next_at < now:
+                    # A slow sample (a broker that does not answer) must not be followed by a burst of samples
+                    # catching up: skip the missed ticks, one row per interval.
+                    next_at += ((now - next_at) // self._interval + 1) * self._interval
+                self._halt.wait(max(0.0, next_at - now))
 
     def wait_first_row(self, timeout: float) -> bool:
         """Wait until the first row is taken (at most ``timeout`` seconds); True if it was."""
