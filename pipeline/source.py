@@ -421,7 +421,7 @@ class OffsetReader:
         return out
 
 
-class KafkaInputPartition(InputPartition):  # type: ignore[misc]
+class KafkaInputPartition(InputPartition):
     """The offset ranges one Spark task reads with one consumer.
 
     Parameters
@@ -459,7 +459,7 @@ def plan_partitions(
     return [KafkaInputPartition(group) for group in pack_ranges(ranges, options.tasks)]
 
 
-class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # type: ignore[misc]
+class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Plans micro-batches over Kafka offsets and reads them; see the module docstring.
 
     One instance lives in the driver's Python source runner for the whole query and keeps what it learned
@@ -678,7 +678,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  #
         self._broker = None
 
 
-class KafkaBatchReader(DataSourceReader):  # type: ignore[misc]
+class KafkaBatchReader(DataSourceReader):
     """``spark.read.format("sotw-kafka")``: the records between ``startingOffsets`` and ``endingOffsets``.
 
     Parameters
@@ -718,7 +718,7 @@ class KafkaBatchReader(DataSourceReader):  # type: ignore[misc]
         return read_ranges(self._opts, partition.ranges)
 
 
-class KafkaDataSource(DataSource):  # type: ignore[misc]
+class KafkaDataSource(DataSource):
     """The ``sotw-kafka`` data source: Spark's Kafka source options and rows, read with confluent-kafka.
 
     Registered by ``pipeline.spark.build_session``; options are checked when ``load()`` is called, so a
