@@ -159,7 +159,7 @@ def read_tables(spec: OutputSpec) -> TablesOutput:
     if key is None or row_id is None:
         raise HarnessError(
             f"the table at {spec.path} does not follow the tables contract: it needs a `session` (or `sensor`) "
-            f"column and a `row_id` (or `id`) column, and has {sorted(map(str, raw.columns))}; see "
+            f"column and a `row_id` (or `id`) column, and has {sorted(str(c) for c in raw.columns if c != FILE_COLUMN)}; see "
             "docs/own-pipeline.md"
         )
     if DELETED in raw.columns:
