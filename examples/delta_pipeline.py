@@ -18,7 +18,7 @@ It writes sotw's tables contract (docs/own-pipeline.md): ``session``, ``sensor``
 
     sotw run --profile smoke --contract tables --format delta --pipeline-cmd \\
       '{python} examples/delta_pipeline.py --bootstrap {bootstrap} --topics {pattern} --out {output} \\
-       --checkpoint {checkpoint} --trigger {trigger}'
+       --checkpoint {checkpoint} --trigger-ms {trigger_ms}'
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--topics", required=True, help="topic regex")
     p.add_argument("--out", type=Path, required=True, help="the Delta table")
     p.add_argument("--checkpoint", type=Path, required=True, help="Spark checkpoint directory")
-    p.add_argument("--trigger", default="1s", help="micro-batch interval (1s)")
+    p.add_argument("--trigger-ms", type=int, default=1000, help="micro-batch interval in ms (1000)")
     return p.parse_args()
 
 
@@ -150,7 +150,7 @@ def main() -> None:
     query = (
         stream.writeStream.foreachBatch(HighestSeqWins(args.out, args.checkpoint))
         .option("checkpointLocation", str(args.checkpoint))
-        .trigger(processingTime=args.trigger)
+        .trigger(processingTime=f"{args.trigger_ms} milliseconds")
         .start()
     )
     stop = threading.Event()

@@ -182,7 +182,9 @@ def _plain_rows(raw: pd.DataFrame) -> list[dict[str, Any]]:
     columns = [c for c in raw.columns if str(c) not in META and not str(c).startswith("_")]
     values = raw["values"].tolist() if "values" in raw.columns else [None] * len(raw)
     out = []
-    for record, packed in zip(raw[columns].to_dict("records"), values, strict=True):
+    # A frame with no columns has no records: a table whose rows are all in `values` has none of its own.
+    records = raw[columns].to_dict("records") if columns else [{} for _ in range(len(raw))]
+    for record, packed in zip(records, values, strict=True):
         row = {str(k): v for k, v in record.items() if not _missing(v)}
         if isinstance(packed, str):
             row.update(json.loads(packed))
