@@ -422,17 +422,27 @@ def tables_end_to_end(ledger: pd.DataFrame, output: TablesOutput) -> pd.DataFram
     The final table shows only each row's last change, so this is the latency of the messages that set the
     final rows (a sample of all messages, the last ones of each row).
     """
-    cols = ["session", "seq", "intended_ts", "committed_ms", "latency_ms"]
     rows = output.rows
     if rows.empty or output.commit_source == "none" or output.key != "session":
-        return pd.DataFrame(columns=cols)
+        return pd.DataFrame(columns=LATENCY_COLUMNS)
     have = rows[rows[SEQ].notna() & rows[COMMITTED].notna()]
     written = pd.DataFrame(
         {"session": have["key"], "seq": have[SEQ].astype("int64"), "committed_ms": have[COMMITTED]}
     )
+    return latencies(ledger, written)
+
+
+LATENCY_COLUMNS = ["session", "seq", "intended_ts", "committed_ms", "latency_ms"]
+
+
+def latencies(ledger: pd.DataFrame, written: pd.DataFrame) -> pd.DataFrame:
+    """Per message: its ``intended_ts`` (ledger), the first ``committed_ms`` it was written at, the latency.
+
+    ``written`` has ``session``, ``seq`` and ``committed_ms``, a row per time a message's effect was written.
+    """
     first = written.groupby(["session", "seq"], as_index=False)["committed_ms"].min()
     meant = ledger[ledger["fault"] != "duplicate"].drop_duplicates(["session", "seq"])
     joined = first.merge(meant[["session", "seq", "intended_ts"]], on=["session", "seq"])
     joined["latency_ms"] = joined["committed_ms"].astype("float64") - joined["intended_ts"].astype("float64")
-    result: pd.DataFrame = joined[cols]
+    result: pd.DataFrame = joined[LATENCY_COLUMNS]
     return result

@@ -27,7 +27,9 @@ import pyarrow.dataset as ds
 
 from loadtest.contracts import (
     COMMIT_SOURCES,
+    LATENCY_COLUMNS,
     OutputSpec,
+    latencies,
     read_tables,
     read_truth_tables,
     tables_end_to_end,
@@ -611,17 +613,10 @@ def end_to_end_of(ledger: pd.DataFrame, output: Path | OutputSpec) -> pd.DataFra
 
 def end_to_end(ledger: pd.DataFrame, output: PipelineOutput) -> pd.DataFrame:
     """Per applied message: ``intended_ts``, ``committed_ms`` of the batch that first wrote it, ``latency_ms``."""
-    cols = ["session", "seq", "intended_ts", "committed_ms", "latency_ms"]
     if output.changes.empty or not output.commits:
-        return pd.DataFrame(columns=cols)
+        return pd.DataFrame(columns=LATENCY_COLUMNS)
     commits = pd.DataFrame({"batch_id": list(output.commits), "committed_ms": list(output.commits.values())})
-    written = output.changes[["session", "seq", "batch_id"]].merge(commits, on="batch_id")
-    first = written.groupby(["session", "seq"], as_index=False)["committed_ms"].min()
-    meant = ledger[ledger["fault"] != "duplicate"].drop_duplicates(["session", "seq"])
-    joined = first.merge(meant[["session", "seq", "intended_ts"]], on=["session", "seq"])
-    joined["latency_ms"] = joined["committed_ms"].astype("float64") - joined["intended_ts"].astype("float64")
-    result: pd.DataFrame = joined[cols]
-    return result
+    return latencies(ledger, output.changes[["session", "seq", "batch_id"]].merge(commits, on="batch_id"))
 
 
 def latency_summary(name: str, latencies_ms: Any, scope: str = "steady") -> LatencySummary:

@@ -2,21 +2,17 @@
 
 from __future__ import annotations
 
-import contextlib
 import re
-import subprocess
 import sys
-import time
 from dataclasses import replace
 
-import psutil
 from deltalake import DeltaTable
 
 from pipeline import query
 from pipeline.delta import compact
 from pipeline.sinks import DATASETS, checkpoint_batches
 from simulator import FaultConfig
-from tests.pipeline.test_pipeline import canon, pipeline_config, rows_of
+from tests.pipeline.test_pipeline import canon, kill_mid_run_then_drain, pipeline_config, rows_of
 
 
 def delta_rows(output, name: str) -> list[dict]:
@@ -75,20 +71,8 @@ def test_a_killed_delta_pipeline_restarts_without_losing_or_repeating_output(
         "--output", str(where / "output"), "--checkpoint", str(where / "checkpoint"), "--format", "delta",
         "--max-offsets-per-trigger", "1500", "--trigger", "200ms", "-q",
     ]  # fmt: skip
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     log_dir = where / "output" / "changes" / "_delta_log"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and len(list(log_dir.glob("*.json"))) < 4 and proc.poll() is None:
-        time.sleep(0.05)
-    assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
-    family = psutil.Process(proc.pid).children(recursive=True)  # the JVM and its Python workers
-    proc.kill()
-    for child in family:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            child.kill()
-    proc.wait()
-    done = subprocess.run([*argv[:-5], "--trigger", "availableNow", "-q"], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
+    kill_mid_run_then_drain(argv, lambda: len(list(log_dir.glob("*.json"))) >= 4)
 
     for name in DATASETS:
         assert canon(delta_rows(where / "output", name)) == canon(rows_of(reference.output, name)), name
