@@ -14,6 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from loadtest.results import Results
 from sotw.kafka import KafkaConfig
 
@@ -100,3 +102,32 @@ def test_the_delta_pipeline_passes_under_the_same_faults(tmp_path: Path, kafka: 
     assert c is not None and c.output_format == "delta" and c.sessions_exact > 10
     assert c.latency_source == "the committed_ms column"
     assert any(lat.name == "end_to_end" for lat in results.latency)
+
+
+@pytest.mark.slow
+def test_a_drill_kills_and_restarts_a_team_s_job_and_its_exactly_once_output_still_passes(
+    tmp_path: Path, kafka: KafkaConfig
+) -> None:
+    import dataclasses
+
+    from loadtest.incidents import incident_from_mapping
+    from loadtest.job import JobSpec
+    from loadtest.profile import load_profile
+    from loadtest.runner import RunRequest, execute
+
+    scenario = tmp_path / "scenario.toml"
+    scenario.write_text(SCENARIO.format(name="own", rate=0.05))
+    profile = load_profile("own", scenario)
+    profile = dataclasses.replace(profile, run=dataclasses.replace(profile.run, steady_s=16.0))
+    template = (
+        f"{{python}} {ROOT / 'examples' / 'delta_pipeline.py'} --bootstrap {{bootstrap}} --topics {{pattern}} "
+        "--out {output} --checkpoint {checkpoint} --trigger-ms {trigger_ms}"
+    )
+    kill = incident_from_mapping({"kind": "pipeline_kill", "at_s": 2, "restart_after_s": 3}, "test")
+    job = JobSpec(command=template, contract="tables")
+    result = execute(RunRequest(profile, 1.0, tmp_path / "run", kafka, incidents=(kill,), job=job))
+
+    (incident,) = result.incidents
+    assert incident.kind == "pipeline_kill"
+    assert result.correctness is not None and result.correctness.passed, result.correctness.reasons
+    assert result.correctness.sessions_exact > 10
