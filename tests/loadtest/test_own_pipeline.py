@@ -131,3 +131,26 @@ def test_a_drill_kills_and_restarts_a_team_s_job_and_its_exactly_once_output_sti
     assert incident.kind == "pipeline_kill"
     assert result.correctness is not None and result.correctness.passed, result.correctness.reasons
     assert result.correctness.sessions_exact > 10
+
+
+def test_sotw_s_own_pipeline_writing_delta_passes_the_full_contract(
+    tmp_path: Path, kafka: KafkaConfig
+) -> None:
+    import dataclasses
+
+    from loadtest.job import JobSpec
+    from loadtest.profile import load_profile
+    from loadtest.runner import RunRequest, execute
+
+    smoke = load_profile("smoke")
+    profile = dataclasses.replace(
+        smoke, run=dataclasses.replace(smoke.run, steady_s=5.0, max_lag_s=600, max_end_to_end_p99_s=None)
+    )
+    result = execute(RunRequest(profile, 1.0, tmp_path / "run", kafka, job=JobSpec(format="delta")))
+
+    assert result.verdict.verdict == "PASS", result.verdict.reasons
+    c = result.correctness
+    assert c is not None and (c.contract, c.output_format) == ("full", "delta")
+    assert c.latency_source == "Delta commit timestamps" and c.sessions_exact > 0
+    assert (tmp_path / "run" / "pipeline" / "output" / "changes" / "_delta_log").is_dir()
+    assert result.figure("written_rate") > 0
