@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from loadtest.figures import BATCH_STEP
+from loadtest.job import JobSpec
 from loadtest.profile import Profile
 from loadtest.results import Capacity, CapacityStep, Results
 from loadtest.runner import RunRequest, execute
@@ -44,8 +45,11 @@ def search(
     refine: int = 2,
     stop: threading.Event | None = None,
     progress: Callable[[str], None] = lambda _: None,
+    job: JobSpec | None = None,
 ) -> tuple[Capacity, list[Results]]:
     """Search load factors from ``start`` (doubling, then ``refine`` bisection steps); return the capacity.
+
+    ``job`` is the job under test when it is not ``sotw pipeline`` (``loadtest.job``).
 
     The time breakdown is the one of the highest sustained step: where a batch spends its time just below
     the limit is where the next optimisation should go.
@@ -55,7 +59,7 @@ def search(
 
     def attempt(factor: float) -> bool:
         progress(f"capacity: trying {factor:g}x ({profile.simulator.rate * factor:,.0f} msg/s)")
-        request = RunRequest(profile, factor, root / f"step-{len(results):02d}-{factor:g}x", kafka)
+        request = RunRequest(profile, factor, root / f"step-{len(results):02d}-{factor:g}x", kafka, job=job)
         result = execute(request, stop, progress)
         results.append(result)
         ok = result.verdict.verdict == "PASS"

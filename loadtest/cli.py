@@ -17,8 +17,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from loadtest.capacity import search, with_capacity
+from loadtest.contracts import CONTRACTS, FORMATS
 from loadtest.drills import Drill, DrillOutcome, load_drill, scorecard_text, shipped
 from loadtest.errors import HarnessError
+from loadtest.job import JobSpec, LagFrom
+from loadtest.processes import PLACEHOLDERS
 from loadtest.profile import Profile, changed, load_profile, parse_load
 from loadtest.report import markdown_summary, write_report
 from loadtest.results import Results
@@ -51,9 +54,71 @@ def _parser(command: str) -> argparse.ArgumentParser:
         p.add_argument("--start", default="1x", help="first load factor tried (1x)")
         p.add_argument("--max", default="64x", help="highest load factor tried (64x)")
         p.add_argument("--refine", type=int, default=2, help="bisection steps after the doubling (2)")
+    add_job_args(p)
     add_kafka_args(p)
     add_logging_args(p)
     return p
+
+
+def add_job_args(p: argparse.ArgumentParser) -> None:
+    """The flags that choose the job under test and how its output is read (``loadtest.job``)."""
+    g = p.add_argument_group(
+        "the job under test (default: sotw pipeline; see docs/own-pipeline.md)",
+    )
+    g.add_argument(
+        "--pipeline-cmd",
+        default=None,
+        metavar="TEMPLATE",
+        help="start this command instead of sotw pipeline, e.g. 'spark-submit job.py --bootstrap {bootstrap} "
+        "--topics {pattern} --out {output} --checkpoint {checkpoint}'; placeholders: "
+        + ", ".join("{" + k + "}" for k in PLACEHOLDERS),
+    )
+    g.add_argument(
+        "--attach", action="store_true", help="verify a job that is already running (needs --output)"
+    )
+    g.add_argument("--output", type=Path, default=None, help="--attach: where the job writes")
+    g.add_argument(
+        "--lag-from",
+        default=None,
+        metavar="SOURCE",
+        help="checkpoint:PATH (a Spark checkpoint) or group:ID (a consumer group's committed offsets); "
+        "default: the {checkpoint} the template was given",
+    )
+    g.add_argument(
+        "--contract", choices=CONTRACTS, default="full", help="output contract the verifier reads (full)"
+    )
+    g.add_argument(
+        "--format",
+        dest="output_format",
+        choices=FORMATS,
+        default="auto",
+        help="output format (auto: detected)",
+    )
+
+
+def job_from_args(args: argparse.Namespace) -> JobSpec | None:
+    """The ``JobSpec`` the flags describe; None for sotw's own pipeline with its defaults."""
+    if (
+        args.pipeline_cmd is None
+        and not args.attach
+        and args.output is None
+        and args.lag_from is None
+        and args.contract == "full"
+        and args.output_format == "auto"
+    ):
+        return None
+    if args.output is not None and not args.attach:
+        raise HarnessError(
+            "--output is for --attach; a --pipeline-cmd job writes to {output} in the run directory"
+        )
+    return JobSpec(
+        command=args.pipeline_cmd,
+        attach=args.attach,
+        output=args.output,
+        lag_from=LagFrom.parse(args.lag_from) if args.lag_from else None,
+        contract=args.contract,
+        format=args.output_format,
+    )
 
 
 def _drill_parser() -> argparse.ArgumentParser:
@@ -74,6 +139,7 @@ def _drill_parser() -> argparse.ArgumentParser:
         ("resume", "thaw it"),
     ):
         p.add_argument(f"--broker-{which}-cmd", default=None, metavar="COMMAND", help=f"command to {what}")
+    add_job_args(p)
     add_kafka_args(p)
     add_logging_args(p)
     return p
@@ -95,8 +161,12 @@ def run_drill(
     stop: threading.Event | None = None,
     progress: Callable[[str], None] = lambda _: None,
     command: str = "",
+    job: JobSpec | None = None,
 ) -> Results:
-    """Run one drill and return its results with the scorecard (also in ``root/results.json``)."""
+    """Run one drill and return its results with the scorecard (also in ``root/results.json``).
+
+    ``job`` is the job under test when it is not ``sotw pipeline`` (``--pipeline-cmd``).
+    """
     profile = changed(
         load_profile(drill.profile, drill.scenario),
         f"drill {drill.name}",
@@ -113,6 +183,7 @@ def run_drill(
         incidents=drill.incidents,
         broker=drill.broker,
         broker_commands=commands,
+        job=job,
     )
     results = execute(request, stop, progress)
     outcome = DrillOutcome(
@@ -151,6 +222,7 @@ def drill_main(rest: Sequence[str]) -> int:
         _stop_on_signals(),
         _say,
         "sotw " + shlex.join(["drill", *rest]),
+        job_from_args(args),
     )
     paths = write_report([results], root, "report")
     assert results.drill is not None
@@ -206,6 +278,7 @@ def main(argv: Sequence[str]) -> int:
         return drill_main(rest)
     args = _parser(command).parse_args(rest)
     setup_logging(args)
+    job = job_from_args(args)
     profile = _profile(args)
     kafka: KafkaConfig | None = kafka_config(args) if args.bootstrap else None
     root = args.run_dir or Path("runs") / f"{command}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -213,7 +286,7 @@ def main(argv: Sequence[str]) -> int:
     cmdline = "sotw " + shlex.join([command, *rest])
     if command == "run":
         factor = parse_load(args.load)
-        result = execute(RunRequest(profile, factor, root, kafka, command=cmdline), stop, _say)
+        result = execute(RunRequest(profile, factor, root, kafka, command=cmdline, job=job), stop, _say)
         return _finish([result], root, "report")
     if command == "bench":
         results = []
@@ -223,7 +296,9 @@ def main(argv: Sequence[str]) -> int:
             _say(f"bench: {factor:g}x")
             results.append(
                 execute(
-                    RunRequest(profile, factor, root / f"{factor:g}x", kafka, command=cmdline), stop, _say
+                    RunRequest(profile, factor, root / f"{factor:g}x", kafka, command=cmdline, job=job),
+                    stop,
+                    _say,
                 )
             )
         if not results:
@@ -238,6 +313,7 @@ def main(argv: Sequence[str]) -> int:
         refine=args.refine,
         stop=stop,
         progress=_say,
+        job=job,
     )
     if not results:
         raise HarnessError("capacity was stopped before the first step")

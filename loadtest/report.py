@@ -463,8 +463,11 @@ def _fault_rows(c: Correctness) -> tuple[list[str], list[list[str]]]:
 
 
 def _correctness_rows(c: Correctness) -> tuple[list[str], list[list[str]]]:
+    if c.contract == "tables":
+        return ["check", "result"], _tables_rows(c)
     rows = [
         ["verdict", "PASS" if c.passed else "FAIL"],
+        ["output", f"full contract, {c.output_format}"],
         ["policy", c.policy],
         ["sessions", fmt(c.sessions_expected)],
         [
@@ -478,8 +481,30 @@ def _correctness_rows(c: Correctness) -> tuple[list[str], list[list[str]]]:
         ["session statuses", ", ".join(f"{k} {v}" for k, v in sorted(c.statuses.items())) or "-"],
         ["strict: query must stop", "yes" if c.must_stop else "no"],
         ["blame", ", ".join(f"{k} {v}" for k, v in sorted(c.blame.items())) or "-"],
+        ["end-to-end latency measured against", c.latency_source or "-"],
     ]
     return ["check", "result"], rows
+
+
+def _tables_rows(c: Correctness) -> list[list[str]]:
+    """The tables contract's checks: final tables only (docs/own-pipeline.md)."""
+    return [
+        ["verdict", "PASS" if c.passed else "FAIL"],
+        ["output", f"tables contract, {c.output_format}"],
+        ["sessions", fmt(c.sessions_expected)],
+        [
+            "exact final tables",
+            f"{c.sessions_exact} of {c.sessions_exact_required} judged ({fmt(100 * c.exact_match_rate, '%')})",
+        ],
+        ["not judged (a message lost before the pipeline)", fmt(c.sessions_not_judged)],
+        ["rows expected / written", f"{fmt(c.rows_expected)} / {fmt(c.rows_written)}"],
+        [
+            "rows wrong / missing / extra / repeated",
+            f"{c.rows_wrong} / {c.rows_lost} / {c.rows_unexpected} / {c.rows_repeated}",
+        ],
+        ["blame", ", ".join(f"{k} {v}" for k, v in sorted(c.blame.items())) or "-"],
+        ["end-to-end latency measured against", c.latency_source or "-"],
+    ]
 
 
 def _damage_rows(c: Correctness) -> tuple[list[str], list[list[str]]]:

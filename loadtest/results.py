@@ -170,7 +170,14 @@ class DamageWindow:
 
 @dataclass(frozen=True)
 class Correctness:
-    """The verifier's verdict on the pipeline's output under the run's policy."""
+    """The verifier's verdict on the pipeline's output under the run's policy.
+
+    ``contract`` is the output contract it was read with (``full`` or ``tables``, see
+    ``loadtest.contracts``), ``output_format`` ``parquet`` or ``delta``. Under ``tables``, ``rows_wrong``
+    counts rows with wrong values and ``sessions_not_judged`` the sessions that lost a message before the
+    pipeline could see it. ``latency_source`` says which commit time end-to-end latency was measured
+    against (``loadtest.contracts.COMMIT_SOURCES``).
+    """
 
     policy: str
     passed: bool
@@ -193,6 +200,11 @@ class Correctness:
     discrepancy_counts: dict[str, int] = field(default_factory=dict)
     blame: dict[str, int] = field(default_factory=dict)
     reasons: list[str] = field(default_factory=list)
+    contract: str = "full"
+    output_format: str = "parquet"
+    rows_wrong: int = 0
+    sessions_not_judged: int = 0
+    latency_source: str = ""
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,12 @@ def read_source(spark: Any, config: PipelineConfig) -> Any:
     return df if "values" in df.columns else df.select(*KAFKA_COLUMNS)
 
 
+def _writer(config: PipelineConfig) -> OutputWriter:
+    return OutputWriter(
+        config.output, config.checkpoint, config.drop_batches, output_format=config.output_format
+    )
+
+
 def query_name(config: PipelineConfig) -> str:
     """The streaming query's name: the output directory's, so progress events can be told apart."""
     return f"sotw-{config.output.resolve().name}"
@@ -60,7 +66,7 @@ def start_query(spark: Any, config: PipelineConfig, writer: OutputWriter | None 
     )
     stream = (
         records.writeStream.queryName(query_name(config))
-        .foreachBatch(writer or OutputWriter(config.output, config.checkpoint, config.drop_batches))
+        .foreachBatch(writer or _writer(config))
         .option("checkpointLocation", str(config.checkpoint))
         .outputMode("append")
     )
@@ -186,7 +192,7 @@ def _wait_writable(folder: Path, patience_s: float, stop: threading.Event, cause
 
 def _run_query(spark: Any, config: PipelineConfig, stop: threading.Event, listener: ProgressLog) -> RunResult:
     """One start of the query, until it drains, ``stop`` is set, or it fails."""
-    writer = OutputWriter(config.output, config.checkpoint, config.drop_batches)
+    writer = _writer(config)
     listener.messages_of = writer.messages_of
     query = start_query(spark, config, writer)
     stopped_by = "drained"
