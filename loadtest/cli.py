@@ -47,6 +47,12 @@ def _parser(command: str) -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=float, default=None, help="override the profile's warm-up seconds")
     p.add_argument("--steady", type=float, default=None, help="override the profile's steady-phase seconds")
     p.add_argument("--policy", default=None, help="override the profile's integrity policy")
+    p.add_argument(
+        "--master",
+        default=None,
+        help="Spark master of the pipeline under test: spark://HOST:PORT for a standalone cluster "
+        "(`sotw cluster` starts one here); default the pipeline's local[2]",
+    )
     if command == "capacity":
         p.add_argument("--start", default="1x", help="first load factor tried (1x)")
         p.add_argument("--max", default="64x", help="highest load factor tried (64x)")
@@ -166,6 +172,8 @@ def _profile(args: argparse.Namespace) -> Profile:
     pipeline = profile.pipeline
     if args.policy is not None:
         pipeline = dataclasses.replace(pipeline, policy=args.policy)
+    if args.master is not None:
+        pipeline = dataclasses.replace(pipeline, master=args.master)
     return dataclasses.replace(profile, run=run, pipeline=pipeline)
 
 
