@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import shlex
 import signal
 import sys
@@ -16,12 +17,12 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from loadtest.capacity import search, with_capacity
+from loadtest.capacity import SearchSettings, Targets, search, step_of, steps, with_capacity
 from loadtest.drills import Drill, DrillOutcome, load_drill, scorecard_text, shipped
 from loadtest.errors import HarnessError
 from loadtest.profile import Profile, changed, load_profile, parse_load
 from loadtest.report import markdown_summary, write_report
-from loadtest.results import Results
+from loadtest.results import Capacity, Results
 from loadtest.runner import RunRequest, execute
 from loadtest.stage import BrokerCommands
 from sotw.cliargs import add_kafka_args, add_logging_args, kafka_config, setup_logging
@@ -32,7 +33,9 @@ def _parser(command: str) -> argparse.ArgumentParser:
     descriptions = {
         "run": "One load-test run: warm-up, steady phase at the profile's rate x LOAD, drain; verdict and report.",
         "bench": "1x and 10x back to back on the same profile, reported side by side.",
-        "capacity": "Find the highest load factor the pipeline sustains (doubling, then bisection).",
+        "capacity": "Find the highest rate the pipeline sustains within the lag bound and the end-to-end p99 "
+        "target: one run whose load a controller raises and lowers (or whole runs per step with --method steps); "
+        "exit 1 when not even the lowest level is sustained (docs/capacity.md).",
     }
     p = argparse.ArgumentParser(prog=f"sotw {command}", description=descriptions[command])
     if command == "run":
@@ -54,9 +57,29 @@ def _parser(command: str) -> argparse.ArgumentParser:
         "(`sotw cluster` starts one here); default the pipeline's local[2]",
     )
     if command == "capacity":
+        p.add_argument(
+            "--method",
+            choices=("search", "steps"),
+            default="search",
+            help="one controlled run, or a run per step",
+        )
         p.add_argument("--start", default="1x", help="first load factor tried (1x)")
+        p.add_argument("--min", default=None, help="lowest load factor tried (search: --start / 8)")
         p.add_argument("--max", default="64x", help="highest load factor tried (64x)")
-        p.add_argument("--refine", type=int, default=2, help="bisection steps after the doubling (2)")
+        p.add_argument(
+            "--p99", type=float, default=None, help="end-to-end p99 target in s (the profile's bound)"
+        )
+        p.add_argument("--hold", type=float, default=20.0, help="search: seconds each level is held (20)")
+        p.add_argument(
+            "--budget", type=float, default=240.0, help="search: seconds for the whole search (240)"
+        )
+        p.add_argument(
+            "--tolerance", type=float, default=0.15, help="search: converged within this share (0.15)"
+        )
+        p.add_argument("--refine", type=int, default=2, help="steps: bisection steps after the doubling (2)")
+        p.add_argument(
+            "--check", action="store_true", help="search: then a whole run at the rate found, which must PASS"
+        )
     add_kafka_args(p)
     add_logging_args(p)
     return p
@@ -234,20 +257,73 @@ def main(argv: Sequence[str]) -> int:
         if not results:
             raise HarnessError("bench was stopped before the first run")
         return _finish(results, root, "report")
-    capacity, results = search(
-        profile,
-        root,
-        kafka,
-        start=parse_load(args.start),
-        max_factor=parse_load(args.max),
-        refine=args.refine,
-        stop=stop,
-        progress=_say,
-    )
-    if not results:
-        raise HarnessError("capacity was stopped before the first step")
-    best = max(results, key=lambda r: (r.verdict.verdict == "PASS", r.run.load_factor))
-    summary = with_capacity(best, capacity)
+    return capacity_main(args, profile, kafka, root, stop)
+
+
+def capacity_main(
+    args: argparse.Namespace, profile: Profile, kafka: KafkaConfig | None, root: Path, stop: threading.Event
+) -> int:
+    """``sotw capacity``: 0 when a level was sustained (and, with ``--check``, confirmed), 1 otherwise."""
+    targets = Targets.of(profile, args.p99)
+    start, top = parse_load(args.start), parse_load(args.max)
+    if args.method == "steps":
+        found, results = steps(
+            profile, root, kafka, start, top, args.refine, targets, stop=stop, progress=_say
+        )
+        if not results:
+            raise HarnessError("capacity was stopped before the first step")
+        best = max(results, key=lambda r: (r.verdict.verdict == "PASS", r.run.load_factor))
+        summary = with_capacity(best, found)
+        correct = True
+    else:
+        settings = SearchSettings(
+            start=start,
+            min_factor=parse_load(args.min) if args.min else start / 8,
+            max_factor=top,
+            hold_s=args.hold,
+            budget_s=args.budget,
+            tolerance=args.tolerance,
+        )
+        found, result = search(profile, root, kafka, settings, targets, stop, _say)
+        correct = result.correctness is not None and result.correctness.passed
+        if args.check and math.isfinite(found.max_sustained_factor) and not stop.is_set():
+            _say(f"capacity: checking {found.max_sustained_factor:g}x with a whole run")
+            check = execute(
+                RunRequest(
+                    dataclasses.replace(
+                        profile,
+                        run=dataclasses.replace(
+                            profile.run,
+                            max_lag_s=targets.max_lag_s,
+                            max_end_to_end_p99_s=targets.max_e2e_p99_s,
+                        ),
+                    ),
+                    found.max_sustained_factor,
+                    root / "check",
+                    kafka,
+                ),
+                stop,
+                _say,
+            )
+            found = dataclasses.replace(
+                found, steps=[*found.steps, step_of(check)], check_sustained=check.verdict.verdict == "PASS"
+            )
+        summary = with_capacity(result, found)
     summary.to_json(root / "results.json")
     _finish([summary], root, "report")
-    return 0
+    print(f"\ncapacity: {capacity_line(found)}")
+    if not correct:
+        print("capacity: the pipeline's output was not correct during the search; the rate is not a capacity")
+    sustained = math.isfinite(found.max_sustained_factor) and found.check_sustained is not False
+    return 0 if sustained and correct else 1
+
+
+def capacity_line(found: Capacity) -> str:
+    """The capacity in one sentence."""
+    if not math.isfinite(found.max_sustained_factor):
+        return f"not even the lowest level was sustained ({found.confidence})"
+    check = {True: "; confirmed by a whole run", False: "; NOT confirmed by a whole run", None: ""}
+    return (
+        f"{found.max_sustained_rate:,.0f} msg/s ({found.max_sustained_factor:g}x), {found.confidence}"
+        f"{check[found.check_sustained]}"
+    )

@@ -373,3 +373,40 @@ def _log_of(pid: int) -> str | None:
     except OSError:
         return None
     return target if target.startswith("/") and Path(target).is_file() else None
+
+
+def main(argv: list[str]) -> int:
+    """``sotw cluster``: start a standalone cluster on this machine, print its master URL, stop on Ctrl-C."""
+    import argparse
+    import sys
+    import tempfile
+
+    p = argparse.ArgumentParser(
+        prog="sotw cluster",
+        description="A Spark standalone cluster on this machine (a master and workers from the installed "
+        "PySpark, on loopback, free ports) until Ctrl-C; pass its --master to sotw pipeline, run or capacity.",
+    )
+    p.add_argument("--workers", type=int, default=1, help="worker JVMs (1)")
+    p.add_argument("--cores", type=int, default=2, help="cores each worker offers (2)")
+    p.add_argument("--memory", default="2g", help="memory each worker offers (2g)")
+    p.add_argument("--dir", type=Path, default=None, help="logs and work directories (a temporary one)")
+    args = p.parse_args(argv)
+    work = args.dir or Path(tempfile.mkdtemp(prefix="sotw-cluster-"))
+    config = ClusterConfig(
+        python=sys.executable,
+        base_env=dict(os.environ),
+        workers=args.workers,
+        cores=args.cores,
+        memory=args.memory,
+    )
+    with StandaloneCluster(config, work) as cluster:
+        print(
+            f"cluster ready: --master {cluster.master_url}   (web UI http://{config.host}:{cluster.ui_port}, logs {work})"
+        )
+        print("Ctrl-C stops it", flush=True)
+        try:
+            while cluster.master is not None and cluster.master.poll() is None:
+                time.sleep(1)
+        except KeyboardInterrupt:
+            pass
+    return 0

@@ -63,6 +63,9 @@ class PipelineConfig:
     drop_batches
         Sabotage for the harness's self-test: these batch ids are committed without writing their records,
         as a buggy sink would. Never set it outside a drill.
+    batch_delay_s
+        Sabotage for the nightly benchmark's self-test: every micro-batch waits this long before its output
+        is written, as a slow sink would, so its regression check must flag it. Never set it otherwise.
     storage_retry_s
         How long one outage of the checkpoint or output storage (not writable, full) may last: the query is
         started again from its checkpoint once it is writable; after this long the pipeline stops.
@@ -86,6 +89,7 @@ class PipelineConfig:
     spark: SparkConfig = field(default_factory=SparkConfig)
     progress_path: Path | None = None
     drop_batches: frozenset[int] = frozenset()
+    batch_delay_s: float = 0.0
     state_partitions: int | None = None
     storage_retry_s: float = 600.0
 
