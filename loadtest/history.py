@@ -115,7 +115,8 @@ class Entry:
     """One night: the commit, the machine, the benchmarks run and their metrics.
 
     ``planted`` names a regression planted on purpose (the self-test's ``--batch-delay``): such a night is
-    compared like any other but never becomes part of a baseline.
+    compared like any other but never becomes part of a baseline. ``suite`` is the set's sizes (``full`` or
+    ``quick``): only nights of the same sizes are compared.
     """
 
     night: str
@@ -126,6 +127,7 @@ class Entry:
     metrics: list[Metric] = field(default_factory=list)
     branch: str = ""
     planted: dict[str, str] = field(default_factory=dict)
+    suite: str = "full"
     schema_version: int = HISTORY_SCHEMA
 
     def __post_init__(self) -> None:
@@ -382,11 +384,14 @@ class Thresholds:
 
 
 def baseline_of(entry: Entry, history: Iterable[Entry], nights: int) -> list[Entry]:
-    """The last ``nights`` entries before ``entry`` on the same kind of machine, planted nights left out."""
+    """The last ``nights`` entries before ``entry`` of the same suite on the same kind of machine, unplanted."""
     earlier = [
         e
         for e in history
-        if e.started_utc < entry.started_utc and not e.planted and e.fingerprint() == entry.fingerprint()
+        if e.started_utc < entry.started_utc
+        and not e.planted
+        and e.suite == entry.suite
+        and e.fingerprint() == entry.fingerprint()
     ]
     return earlier[-nights:]
 

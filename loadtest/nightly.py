@@ -61,6 +61,7 @@ REPO = Path(__file__).resolve().parents[1]
 class Sizes:
     """How big each benchmark runs: the full night, or ``--quick`` for a check that takes minutes."""
 
+    name: str
     simulator_messages: int
     pipeline_messages: int
     pipeline_max_offsets: int
@@ -69,8 +70,8 @@ class Sizes:
     bench_steady_s: float
 
 
-FULL = Sizes(300_000, 200_000, 25_000, 24, "baseline", 30.0)
-QUICK = Sizes(60_000, 16_000, 4_000, 4, "smoke", 10.0)
+FULL = Sizes("full", 300_000, 200_000, 25_000, 24, "baseline", 30.0)
+QUICK = Sizes("quick", 60_000, 16_000, 4_000, 4, "smoke", 10.0)
 
 # The drill of a quick night: kill -9 of the pipeline on the smoke profile (the shipped drills use baseline).
 QUICK_DRILL = """[drill]
@@ -279,6 +280,7 @@ def run_night(config: NightlyConfig, say: Callable[[str], None] = lambda _: None
         metrics=runner.metrics,
         branch=config.branch,
         planted=planted,
+        suite=config.sizes.name,
     )
     path = entry.write(config.history_dir)
     say(f"nightly: history entry {path}")

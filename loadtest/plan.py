@@ -13,7 +13,8 @@
 ``sotw plan --sensors N --rate R --p99 X`` then answers with a model of a continuously triggered query: at rate
 ``R`` a batch interval ``B`` carries ``R B`` messages and takes ``p = F + c R B``, so ``B = max(trigger, F / (1 -
 c R))`` and a message waits at most ``B`` to be read and ``p`` to be written: end-to-end p99 ~ ``B + p``. More
-cores divide ``c`` by ``1 + (k - 1) e``, with the parallel efficiency ``e`` measured between 1 and 2 cores; ``F``
+cores divide ``c`` by ``1 + (k - 1) e``, with the parallel efficiency ``e`` (the speed-up from 1 to 2 cores,
+less one) measured between 1 and 2 cores; ``F``
 does not shrink. The answer states every measurement and assumption behind it, and a range from the pessimistic
 and optimistic ends of the measurements (two standard errors each way). ``--check`` compares the model with a
 rate ``sotw capacity`` measured.
@@ -169,7 +170,8 @@ def per_message(meas: Measurements, cores: int, kind: str, bound: float = 0.0) -
         raise HarnessError(f"the measurements have no {kind} runs at 1 and 2 cores: measure again")
     c1 = one.per_message_s + bound * one.per_message_se
     c2 = two.per_message_s + bound * two.per_message_se
-    efficiency = min(1.0, max(0.05, c1 / (2 * c2) if c2 > 0 else 1.0))
+    # The second core's share of a whole core: the speed-up from 1 to 2 cores, less one.
+    efficiency = min(1.0, max(0.05, c1 / c2 - 1.0 if c2 > 0 else 1.0))
     fixed = max(one.fixed_s + bound * one.fixed_se, two.fixed_s + bound * two.fixed_se, 0.0)
     return c1 / (1 + (cores - 1) * efficiency), fixed
 
@@ -308,8 +310,8 @@ def plan_text(meas: Measurements, fleet: Fleet, answer: dict[str, Any], source: 
         "",
         "## Assumptions",
         "",
-        f"- The {fleet.kind} set-up's cost per message divides by 1 + (cores - 1) x e, with e the parallel "
-        "efficiency measured between 1 and 2 cores; the fixed cost per batch (planning, the checkpoint, task "
+        f"- The {fleet.kind} set-up's cost per message divides by 1 + (cores - 1) x e, with e the speed-up "
+        "from 1 to 2 cores less one (measured); the fixed cost per batch (planning, the checkpoint, task "
         "start-up) does not shrink with cores. Beyond the 2 cores measured this is an extrapolation.",
         "- End-to-end p99 ~ one batch interval (waiting to be read) + one batch time; the trigger is "
         f"{fleet.trigger_s:g} s.",
@@ -371,9 +373,10 @@ def _drain(argv: Sequence[str]) -> int:
         for pattern in args.pattern:
             for max_offsets in args.max_offsets:
                 where = args.work / f"{len(drains)}"
+                # Each drain's own output name: the query is named after it, and its progress is told apart by it.
                 config = PipelineConfig(
                     kafka=KafkaConfig(args.bootstrap),
-                    output=where / "output",
+                    output=where / f"output-{len(drains)}",
                     checkpoint=where / "checkpoint",
                     pattern=pattern,
                     trigger_ms=None,
@@ -434,7 +437,7 @@ def measure(
 
         say(f"plan: writing a backlog of {messages:,} messages ({sensors} sensors x {rows} rows)")
         produce_us = fill("plan-fleet-", sensors, messages, 1)
-        fill("plan-single-", 1, messages // 4, 1)
+        fill("plan-single-", 1, messages // 2, 1)
         fleet, single = re.escape("plan-fleet-") + ".*", re.escape("plan-single-") + ".*"
         costs: list[BatchCost] = []
         consumed_cpu, consumed = 0.0, 0
@@ -467,11 +470,13 @@ def measure(
             costs.append(BatchCost(setup, master, cores, f, f_se, c, c_se, [list(p) for p in points]))
             consumed_cpu += broker_cpu() - cpu0
             consumed += sum(input_messages(r) for d in drains for r in d["progress"])
+            single_points = [p for d in drains if d["pattern"] == single for p in _batches(d["progress"])]
+            if single_points:
+                try:
+                    partition_rate = 1.0 / fit(single_points)[2]
+                except HarnessError as exc:
+                    say(f"plan: no rate for one partition: {exc}")
             for d in drains:
-                if d["pattern"] == single and d["max_offsets"] == LARGE_BATCH:
-                    pts = _batches(d["progress"])
-                    n, s = sum(p[0] for p in pts), sum(p[1] for p in pts)
-                    partition_rate = n / max(1e-9, s - f * len(pts))
                 if d["pattern"] == fleet and d["max_offsets"] == LARGE_BATCH and d["progress"]:
                     ops = (d["progress"][-1].get("stateOperators") or [{}])[0]
                     if ops.get("numRowsTotal"):
