@@ -22,7 +22,7 @@ from loadtest.drills import Drill, DrillOutcome, load_drill, scorecard_text, shi
 from loadtest.errors import HarnessError
 from loadtest.profile import Profile, changed, load_profile, parse_load
 from loadtest.report import markdown_summary, write_report
-from loadtest.results import Capacity, Results
+from loadtest.results import Capacity, Results, Verdict
 from loadtest.runner import RunRequest, execute
 from loadtest.stage import BrokerCommands
 from sotw.cliargs import add_kafka_args, add_logging_args, kafka_config, setup_logging
@@ -308,7 +308,17 @@ def capacity_main(
             found = dataclasses.replace(
                 found, steps=[*found.steps, step_of(check)], check_sustained=check.verdict.verdict == "PASS"
             )
-        summary = with_capacity(result, found)
+        # The search breaks the run's bounds on purpose: its verdict is the capacity's, not the calm day's.
+        reasons = [] if math.isfinite(found.max_sustained_factor) else [capacity_line(found)]
+        if found.check_sustained is False:
+            reasons.append("the whole run at the rate found did not PASS")
+        if not correct:
+            reasons += [
+                f"correctness: {r}" for r in (result.correctness.reasons if result.correctness else [])
+            ]
+        summary = dataclasses.replace(
+            with_capacity(result, found), verdict=Verdict("FAIL" if reasons else "PASS", reasons)
+        )
     summary.to_json(root / "results.json")
     _finish([summary], root, "report")
     print(f"\ncapacity: {capacity_line(found)}")

@@ -384,9 +384,9 @@ def _drain(argv: Sequence[str]) -> int:
                     discovery_interval_ms=0,
                 )
                 query.run(spark, config)
-                records = [
-                    json.loads(x) for x in (where / "output" / "progress.jsonl").read_text().splitlines() if x
-                ]
+                progress = config.output / "progress.jsonl"
+                lines = progress.read_text().splitlines() if progress.is_file() else []
+                records = [json.loads(x) for x in lines if x]
                 drains.append({"pattern": pattern, "max_offsets": max_offsets, "progress": records})
     finally:
         spark.stop()
