@@ -86,3 +86,26 @@ def test_a_run_on_the_cluster_recovers_from_its_worker_killed_mid_run(standalone
     assert any("killed" in n for n in incident.notes) and any("started again" in n for n in incident.notes)
     assert incident.recover_s is not None, "the pipeline caught up again after the node came back"
     assert len(LocalWorkers(standalone.master_url).workers()) == 1
+
+
+def test_a_worker_kill_is_read_from_a_drill_table_and_its_parameters_are_checked():
+    from loadtest.errors import HarnessError
+    from loadtest.incidents import incident_from_mapping
+
+    kill = incident_from_mapping(
+        {"kind": "worker_kill", "at_s": 20, "worker": True, "restart_after_s": 8}, "drill"
+    )
+    assert isinstance(kill, WorkerKill) and kill.duration == 8
+    assert incident_from_mapping({"kind": "worker_kill", "at_s": 5}, "drill").duration == 0, (
+        "executors: an instant"
+    )
+    with pytest.raises(HarnessError, match="worker must be true or false"):
+        incident_from_mapping({"kind": "worker_kill", "worker": "yes"}, "drill")
+
+
+def test_a_profile_carries_the_master_to_the_pipelines_command_line():
+    profile = load_profile("smoke")
+    on_cluster = dataclasses.replace(profile.pipeline, master="spark://127.0.0.1:7077")
+    args = on_cluster.args()
+    assert args[args.index("--master") + 1] == "spark://127.0.0.1:7077"
+    assert "--master" not in profile.pipeline.args(), "local[2] stays the pipeline's own default"
