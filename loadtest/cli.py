@@ -94,6 +94,11 @@ def _drill_parser() -> argparse.ArgumentParser:
     p.add_argument("drill", nargs="?", help="a shipped drill's name, or the path of a drill file (.toml)")
     p.add_argument("--list", action="store_true", help="list the shipped drills and exit")
     p.add_argument(
+        "--master",
+        default=None,
+        help="Spark master of the pipeline under test (spark://HOST:PORT; the worker-kill drills need one)",
+    )
+    p.add_argument(
         "--run-dir", type=Path, default=None, help="where to write (default runs/drill-<name>-<time>)"
     )
     for which, what in (
@@ -164,6 +169,8 @@ def drill_main(rest: Sequence[str]) -> int:
         raise HarnessError("name a drill (`sotw drill --list` shows the shipped ones) or give a drill file")
     setup_logging(args)
     drill = load_drill(args.drill)
+    if args.master:
+        drill = dataclasses.replace(drill, pipeline={**drill.pipeline, "master": args.master})
     kafka: KafkaConfig | None = kafka_config(args) if args.bootstrap else None
     commands = BrokerCommands(
         args.broker_stop_cmd, args.broker_start_cmd, args.broker_pause_cmd, args.broker_resume_cmd
