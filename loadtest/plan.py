@@ -383,7 +383,7 @@ def _drain(argv: Sequence[str]) -> int:
         # A first drain warms the JVM (its code compiled, Python workers started); it is not measured, so the
         # sizes measured after it are not told apart by how warm the JVM was.
         order = [(args.pattern[0], max(args.max_offsets), True)]
-        plan += [
+        order += [
             (pattern, max_offsets, False) for pattern in args.pattern for max_offsets in args.max_offsets
         ]
         for pattern, max_offsets, warm_up in order:
