@@ -42,6 +42,7 @@ import numpy as np
 import psutil
 
 from loadtest.errors import HarnessError
+from loadtest.profile import Profile, load_profile
 from loadtest.results import _build, _plain
 
 MEASUREMENTS_SCHEMA = 1
@@ -364,6 +365,7 @@ def _drain(argv: Sequence[str]) -> int:
     """``python -m loadtest.plan _drain ...``: drain a backlog with two batch sizes in one SparkSession."""
     from pipeline import query
     from pipeline.config import PipelineConfig
+    from pipeline.policies import PolicyConfig
     from pipeline.spark import SparkConfig, build_session
     from sotw.kafka import KafkaConfig
 
@@ -375,8 +377,11 @@ def _drain(argv: Sequence[str]) -> int:
     p.add_argument("--max-offsets", type=int, action="append", required=True)
     p.add_argument("--work", type=Path, required=True)
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--policy", default="ordered")
+    p.add_argument("--session-timeout-ms", type=int, default=3_600_000)
     args = p.parse_args(argv)
     extra = dict(kv.split("=", 1) for kv in args.conf)
+    policy = PolicyConfig(policy=args.policy, session_timeout_ms=args.session_timeout_ms)
     spark = build_session(SparkConfig(master=args.master, extra=extra), app_name="sotw-plan")
     drains: list[dict[str, Any]] = []
     try:
@@ -397,6 +402,7 @@ def _drain(argv: Sequence[str]) -> int:
                 trigger_ms=None,
                 max_offsets_per_trigger=max_offsets,
                 discovery_interval_ms=0,
+                policy=policy,
             )
             query.run(spark, config)
             progress = config.output / "progress.jsonl"
@@ -421,13 +427,18 @@ def _batches(progress: list[dict[str, Any]]) -> list[tuple[float, float]]:
 
 
 def measure(
-    root: Path, messages: int, sensors: int, rows: int, base_env: dict[str, str], say: Any = print
+    root: Path, messages: int, profile: Profile, base_env: dict[str, str], say: Any = print
 ) -> Measurements:
-    """Take every measurement the plan needs (minutes of CPU: a quiet machine gives steadier figures)."""
+    """Take every measurement the plan needs (minutes of CPU: a quiet machine gives steadier figures).
+
+    The backlog is ``profile``'s fleet (sensors, rows, partitions, sessions, faults) written as fast as the
+    broker takes it, and the pipeline drains it with the profile's policy: the same messages and work as a run
+    of that profile.
+    """
     from loadtest.cluster import ClusterConfig, StandaloneCluster
     from loadtest.nightly import machine
     from pipeline.progress import input_messages
-    from simulator import Simulator, SimulatorConfig
+    from simulator import Simulator
     from sotw.broker import EmbeddedBroker
     from sotw.kafka import KafkaConfig
 
@@ -442,18 +453,22 @@ def measure(
                 total += times.user + times.system
             return total
 
-        def fill(prefix: str, count: int, n: int, partitions: int) -> float:
+        fleet_config = profile.simulator
+        sensors, rows = fleet_config.sensors, fleet_config.rows
+
+        def fill(prefix: str, n: int, **changes: Any) -> float:
             cpu0 = broker_cpu()
-            config = SimulatorConfig(
-                sensors=count, rows=rows, partitions=partitions, topic_prefix=prefix, rate=0, duration_s=None,
-                max_messages=n, session_interval_s=3600.0, seed=5,
-            )  # fmt: skip
+            config = fleet_config.replace(
+                topic_prefix=prefix, rate=0, duration_s=None, max_messages=n, load_factor=1.0, **changes
+            )
             Simulator(config, kafka, Path(tempfile.mkdtemp(prefix="sotw-plan-sim-", dir=root))).run()
             return (broker_cpu() - cpu0) / n * 1e6
 
-        say(f"plan: writing a backlog of {messages:,} messages ({sensors} sensors x {rows} rows)")
-        produce_us = fill("plan-fleet-", sensors, messages, 1)
-        fill("plan-single-", 1, messages // 2, 1)
+        say(
+            f"plan: writing a backlog of {messages:,} messages (profile {profile.name}: {sensors} sensors x {rows} rows)"
+        )
+        produce_us = fill("plan-fleet-", messages)
+        fill("plan-single-", messages // 2, sensors=1, partitions=1)
         fleet, single = re.escape("plan-fleet-") + ".*", re.escape("plan-single-") + ".*"
         costs: list[BatchCost] = []
         consumed_cpu, consumed = 0.0, 0
@@ -466,7 +481,9 @@ def measure(
             out = root / f"{setup}.json"
             argv = [sys.executable, "-m", "loadtest.plan", "_drain", "--bootstrap", kafka.bootstrap,
                     "--pattern", fleet, "--master", master, "--work", str(root / setup), "--out", str(out),
-                    "--max-offsets", str(SMALL_BATCH), "--max-offsets", str(LARGE_BATCH)]  # fmt: skip
+                    "--max-offsets", str(SMALL_BATCH), "--max-offsets", str(LARGE_BATCH),
+                    "--policy", profile.pipeline.policy, "--session-timeout-ms",
+                    str(profile.pipeline.session_timeout_ms)]  # fmt: skip
             argv += [a for kv in conf for a in ("--conf", kv)]
             if with_single:
                 argv += ["--pattern", single]
@@ -510,12 +527,13 @@ def measure(
         taken_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         machine=machine()
         | {"loadavg_end": round(os.getloadavg()[0], 2), "python": platform.python_version()},
-        command="sotw plan measure " + f"--messages {messages} --sensors {sensors} --rows {rows}",
+        command=f"sotw plan measure --messages {messages} --profile {profile.name}",
         backlog={
             "messages": float(messages),
             "sensors": float(sensors),
             "rows": float(rows),
-            "partitions": 1.0,
+            "partitions": float(fleet_config.partitions),
+            "session_interval_s": float(fleet_config.session_interval_s),
         },
         costs=costs,
         partition_rate=partition_rate,
@@ -566,14 +584,13 @@ def measure_main(argv: Sequence[str]) -> int:
         "cluster started here, one partition's rate, the broker's CPU per message, state memory per session.",
     )
     p.add_argument("--messages", type=int, default=60_000, help="backlog size (60000)")
-    p.add_argument("--sensors", type=int, default=24, help="sensors (topics) of the backlog (24)")
-    p.add_argument("--rows", type=int, default=200, help="rows of a session's table (200)")
+    p.add_argument("--profile", default="baseline", help="the fleet and policy measured (baseline)")
+    p.add_argument("--scenario", type=Path, default=None, help="scenario TOML (default: the shipped one)")
     p.add_argument("--out", type=Path, default=Path("runs/plan/measurements.json"), help="where to write")
     args = p.parse_args(list(argv))
     work = args.out.parent / f"measure-{time.strftime('%Y%m%d-%H%M%S')}"
-    meas = measure(
-        work, args.messages, args.sensors, args.rows, dict(os.environ), say=lambda m: print(m, flush=True)
-    )
+    profile = load_profile(args.profile, args.scenario)
+    meas = measure(work, args.messages, profile, dict(os.environ), say=lambda m: print(m, flush=True))
     meas.to_json(args.out)
     print(f"measurements: {args.out} (work directory {work})")
     return 0
