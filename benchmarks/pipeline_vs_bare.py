@@ -198,6 +198,7 @@ def drain_config(kafka: KafkaConfig, prefix: str, work: Path, args: argparse.Nam
         trigger_ms=None,
         max_offsets_per_trigger=args.max_offsets,
         spark=SparkConfig(),
+        batch_delay_s=args.batch_delay,
     )
 
 
@@ -392,6 +393,8 @@ def main(argv: list[str] | None = None) -> int:
         "--conf", action="append", default=[], metavar="KEY=VALUE", help="another Spark setting (repeatable)"
     )
     parser.add_argument("--json", type=Path, default=Path("runs/bench-pipeline-vs-bare.json"))
+    # The nightly benchmark's self-test: a pipeline slowed by a fixed wait per micro-batch must be flagged.
+    parser.add_argument("--batch-delay", type=float, default=0.0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
     def go(kafka: KafkaConfig) -> dict[str, Any]:

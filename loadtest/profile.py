@@ -72,6 +72,7 @@ _TYPED_FLAGS = {
     "--no-fail-on-data-loss": "fail_on_data_loss",
     "--shuffle-partitions": "shuffle_partitions",
     "--discovery-interval": "discovery_interval",
+    "--master": "master",
 }
 
 
@@ -101,6 +102,9 @@ class PipelineSettings:
         State partitions; None for the pipeline's default.
     discovery_interval
         How often the pipeline looks for new topics.
+    master
+        The Spark master the pipeline runs on (``spark://HOST:PORT`` for a standalone cluster); None for the
+        pipeline's own default (``local[2]``).
     extra_args
         Any other ``sotw pipeline`` flags, passed through unread (``--conf k=v``); a flag that has a field
         above is refused here, so the harness never misreads it.
@@ -115,6 +119,7 @@ class PipelineSettings:
     fail_on_data_loss: bool = True
     shuffle_partitions: int | None = None
     discovery_interval: str = "1s"
+    master: str | None = None
     extra_args: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -138,6 +143,10 @@ class PipelineSettings:
                 ms = None
             if not ms:
                 raise HarnessError(f"pipeline.{name} must be a duration such as 1s or 500ms, got {value!r}")
+        if self.master is not None and (not isinstance(self.master, str) or not self.master.strip()):
+            raise HarnessError(
+                f"pipeline.master must be a Spark master URL such as spark://host:7077, got {self.master!r}"
+            )
         if not isinstance(self.extra_args, tuple) or not all(isinstance(a, str) for a in self.extra_args):
             raise HarnessError(f"pipeline.extra_args must be a list of strings, got {self.extra_args!r}")
         for arg in self.extra_args:
@@ -201,6 +210,7 @@ class PipelineSettings:
             ("--window-ms", self.window_ms),
             ("--max-offsets-per-trigger", self.max_offsets_per_trigger),
             ("--shuffle-partitions", self.shuffle_partitions),
+            ("--master", self.master),
         ):
             if value is not None:
                 out += [flag, str(value)]

@@ -635,12 +635,19 @@ def _capacity_rows(r: Results) -> tuple[list[str], list[list[str]]]:
         ["1x baseline rate", fmt(cap.baseline_rate, "msg/s")],
         ["headroom over 1x", fmt(cap.headroom, "x")],
     ]
+    if cap.confidence:
+        rows.append(["confidence", cap.confidence])
+    if cap.targets:
+        rows.append(["targets", ", ".join(f"{k} {fmt(v)}" for k, v in cap.targets.items())])
+    if cap.check_sustained is not None:
+        rows.append(["whole run at that rate", "PASS" if cap.check_sustained else "FAIL"])
     rows += [[f"time in {k}", fmt(v, "ms")] for k, v in cap.time_breakdown_ms.items()]
     rows += [
         [
-            f"step {fmt(s.load_factor)}x",
-            f"{fmt(s.achieved_rate)} of {fmt(s.target_rate)} msg/s, "
-            f"{'sustained' if s.sustained else 'fell behind'}",
+            f"{'level' if cap.method == 'search' else 'step'} {fmt(s.load_factor)}x"
+            + (" (confirmation)" if s.confirmation else ""),
+            f"{fmt(s.achieved_rate)} of {fmt(s.target_rate)} msg/s, lag p95 {fmt(s.lag_p95, 's')}, "
+            f"end-to-end p99 {fmt(s.latency_p99_ms, 'ms')}: {'sustained' if s.sustained else 'fell behind'}",
         ]
         for s in cap.steps
     ]

@@ -217,6 +217,8 @@ class CapacityStep:
     sustained: bool
     lag_max: float = math.nan
     latency_p99_ms: float = math.nan
+    lag_p95: float = math.nan
+    confirmation: bool = False
 
 
 @dataclass(frozen=True)
@@ -229,6 +231,11 @@ class Capacity:
     baseline_rate: float = math.nan
     headroom: float = math.nan
     time_breakdown_ms: dict[str, float] = field(default_factory=dict)
+    method: str = "steps"
+    lowest_broken_factor: float = math.nan
+    confidence: str = ""
+    targets: dict[str, float] = field(default_factory=dict)
+    check_sustained: bool | None = None
 
 
 @dataclass(frozen=True)

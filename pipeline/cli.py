@@ -78,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="extra Spark setting")
     p.add_argument("--progress", type=Path, default=None, help="progress log (OUTPUT/progress.jsonl)")
     p.add_argument("--drop-batch", type=int, action="append", default=[], help=argparse.SUPPRESS)
+    p.add_argument("--batch-delay", type=float, default=0.0, help=argparse.SUPPRESS)
     add_logging_args(p)
     return p
 
@@ -123,6 +124,7 @@ def config_from_args(args: argparse.Namespace) -> PipelineConfig:
         ),
         progress_path=args.progress,
         drop_batches=frozenset(args.drop_batch),
+        batch_delay_s=args.batch_delay,
         state_partitions=args.shuffle_partitions,
         storage_retry_s=storage_ms / 1000,
         output_format=args.output_format,

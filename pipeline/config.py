@@ -67,6 +67,9 @@ class PipelineConfig:
     output_format
         ``parquet`` (Parquet directories with ``_commits`` markers) or ``delta`` (Delta tables written with
         the query's transaction identifier); see docs/pipeline-outputs.md.
+    batch_delay_s
+        Sabotage for the nightly benchmark's self-test: every micro-batch waits this long before its output
+        is written, as a slow sink would, so its regression check must flag it. Never set it otherwise.
     storage_retry_s
         How long one outage of the checkpoint or output storage (not writable, full) may last: the query is
         started again from its checkpoint once it is writable; after this long the pipeline stops.
@@ -90,6 +93,7 @@ class PipelineConfig:
     spark: SparkConfig = field(default_factory=SparkConfig)
     progress_path: Path | None = None
     drop_batches: frozenset[int] = frozenset()
+    batch_delay_s: float = 0.0
     state_partitions: int | None = None
     storage_retry_s: float = 600.0
     output_format: str = "parquet"

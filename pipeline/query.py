@@ -64,9 +64,10 @@ def start_query(spark: Any, config: PipelineConfig, writer: OutputWriter | None 
         placement_partitions(spark, config.checkpoint),
         str(config.output.absolute()),
     )
+    sink = writer or _writer(config)
     stream = (
         records.writeStream.queryName(query_name(config))
-        .foreachBatch(writer or _writer(config))
+        .foreachBatch(_delayed(sink, config.batch_delay_s) if config.batch_delay_s > 0 else sink)
         .option("checkpointLocation", str(config.checkpoint))
         .outputMode("append")
     )
@@ -79,6 +80,16 @@ def start_query(spark: Any, config: PipelineConfig, writer: OutputWriter | None 
     # batch that has data. Spark reads the setting when the query starts.
     spark.conf.set(NO_DATA_BATCHES, "false" if config.trigger_ms is None else "true")
     return stream.start()
+
+
+def _delayed(sink: OutputWriter, delay_s: float) -> Callable[[Any, int], None]:
+    """``sink`` after a fixed wait per batch: the nightly benchmark's planted regression (``--batch-delay``)."""
+
+    def write(batch_df: Any, batch_id: int) -> None:
+        time.sleep(delay_s)
+        sink(batch_df, batch_id)
+
+    return write
 
 
 _VIOLATION = re.compile(r"(IntegrityViolation|DataLossError|PipelineError): (.+?)(?:\n|$)")

@@ -20,6 +20,19 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("loadtest.cli", "1x and 10x back to back, reported side by side"),
     "capacity": ("loadtest.cli", "search for the highest load factor the pipeline sustains"),
     "drill": ("loadtest.cli", "a game-day drill: incidents during a run, scored (`drill --list`)"),
+    "compare": (
+        "loadtest.compare",
+        "two results files (or nightly entries) side by side, B judged against A",
+    ),
+    "nightly": (
+        "loadtest.nightly",
+        "the benchmark set, its history, the regression check and the trend page",
+    ),
+    "plan": (
+        "loadtest.plan",
+        "how many executor cores, partitions and brokers a fleet needs (`plan measure`)",
+    ),
+    "cluster": ("loadtest.cluster", "a Spark standalone cluster on this machine until Ctrl-C (for --master)"),
     "demo": ("loadtest.demo", "the README demo on the embedded broker"),
 }
 
