@@ -2,7 +2,7 @@
 
 Each drill here is a short form of a shipped one, on the ``smoke`` profile, with recovery bounds wide enough for a
 busy 2-core CI machine (a Spark restart alone takes 10-30 s there); the shipped drills' own bounds are checked by
-running them (docs/benchmarks.md).
+running them (docs/benchmarks.md, "Game-day drills").
 """
 
 from __future__ import annotations
