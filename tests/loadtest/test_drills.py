@@ -2,7 +2,7 @@
 
 Each drill here is a short form of a shipped one, on the ``smoke`` profile, with recovery bounds wide enough for a
 busy 2-core CI machine (a Spark restart alone takes 10-30 s there); the shipped drills' own bounds are checked by
-running them (docs/benchmarks.md). The two runs of several minutes (every incident kind in one run, the durable
+running them (docs/benchmarks.md, "Game-day drills"). The two runs of several minutes (every incident kind in one run, the durable
 broker's restart) are marked slow: `make test-slow` and the nightly job run them.
 """
 
