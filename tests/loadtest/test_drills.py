@@ -75,7 +75,7 @@ restart_after_s = 2
 kind = "pipeline_restart"
 at_s = 40
 downtime_s = 1
-settings = { trigger = "2s" }
+settings = { trigger = "500ms" }
 
 [[incidents]]
 kind = "broker_pause"
