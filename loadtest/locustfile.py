@@ -38,7 +38,7 @@ from locust.runners import LocalRunner, MasterRunner, WorkerRunner
 
 from loadtest.conductor import ASSIGN, CONTROL, STATS, STOP, STOPPED, Conductor, LocustSettings
 from loadtest.driver import ProcessSide, count_aggregated
-from loadtest.fleetplan import USERS_PER_X, LiveConfig
+from loadtest.fleetplan import USERS_PER_X, LiveConfig, users_for
 from loadtest.gates import Gates
 from loadtest.profile import parse_load
 from loadtest.shapes import SHAPES, make_shape
@@ -332,6 +332,10 @@ def _conductor(environment: Any, runner: Any, web_ui: Any) -> None:
     )
     if shape is None:
         environment.shape_class = None  # users and spawn rate by hand, in the UI or with -u/-r
+        if options.num_users is None:
+            # The UI's start form and a bare --headless begin at 1x, ramped up within a second.
+            options.num_users = users_for(1.0, settings.users_per_x)
+            options.spawn_rate = float(options.num_users)
     side = ProcessSide(environment) if isinstance(runner, LocalRunner) else None
     conductor = Conductor(environment, settings, side, shape)
     SIDE, CONDUCTOR = side, conductor
@@ -360,6 +364,8 @@ def _conductor(environment: Any, runner: Any, web_ui: Any) -> None:
     if web_ui is not None:
         install(web_ui, conductor, options.web_base_path or "")
     conductor.start()
+    # Locust's UI asks for a host when none is set; the fleet's "host" is the Kafka cluster it writes to.
+    environment.host = f"kafka://{conductor.info['bootstrap']}"
 
 
 @events.init.add_listener

@@ -85,7 +85,7 @@
       ["rows lost", c.rows_lost], ["rows repeated", c.rows_repeated], ["rows unexpected", c.rows_unexpected]];
     Object.keys(c.blame || {}).forEach(function (k) { rows.push(["blame: " + k, c.blame[k]]); });
     Object.keys(c.discrepancy_counts || {}).forEach(function (k) { rows.push([k.replace(/_/g, " "), c.discrepancy_counts[k]]); });
-    $("sotw-correctness").innerHTML = rows.map(function (r) { return "<tr><td>" + r[0] + "</td><td>" + fmt(r[1], 0) + "</td></tr>"; }).join("");
+    $("sotw-correctness").innerHTML = rows.map(function (r) { return "<tr><td>" + r[0] + "</td><td>" + (typeof r[1] === "string" ? r[1] : fmt(r[1], 0)) + "</td></tr>"; }).join("");
 
     var now = s.faults_now || {}, injected = (s.fleet && s.fleet.faults) || {};
     var body = $("faults-table").querySelector("tbody");

@@ -5,8 +5,6 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-import pyarrow.parquet as pq
-
 from loadtest.expect import Policy, build_expectation, read_ledger, read_truth
 from loadtest.liveverify import LiveVerifier, fault_rows
 from loadtest.verify import read_output, verify
