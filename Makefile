@@ -1,11 +1,12 @@
 # sotw: the front door. `make help` lists the targets.
 PYTHON ?= python3
+NIGHTLY_ARGS ?=
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help setup demo test lint typecheck unit bench report clean
+.PHONY: help setup demo test test-slow lint typecheck unit bench nightly report clean
 
 help: ## Show this help
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-10s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -30,13 +31,19 @@ lint: setup ## Ruff format check, ruff lint and mypy
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
-unit: setup ## Only the test suite
-	$(BIN)/pytest
+unit: setup ## Only the test suite (without the long tests marked slow)
+	$(BIN)/pytest -m "not slow"
 
-test: lint unit ## Set-up, lint, type check and the full test suite
+test-slow: setup ## Only the long end-to-end tests marked slow (the nightly job runs them)
+	$(BIN)/pytest -m slow
+
+test: lint unit ## Set-up, lint, type check and the test suite (the slow tests: make test-slow)
 
 bench: setup ## Micro benchmarks and the end-to-end benchmark
 	$(BIN)/pytest benchmarks --benchmark-only
+
+nightly: setup ## The benchmark set, its history entry, the regression check and the trend page (runs/nightly)
+	$(BIN)/sotw nightly $(NIGHTLY_ARGS)
 
 clean: ## Remove the virtualenv and run outputs
 	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache

@@ -3,7 +3,8 @@
 Usage::
 
     .venv/bin/python benchmarks/pipeline_vs_bare.py [--messages 600000] [--repeats 2] [--bootstrap HOST:PORT]
-                                                   [--max-offsets N] [--floor] [--json runs/bench-pipeline-vs-bare.json]
+                                                   [--max-offsets N] [--floor] [--delta]
+                                                   [--json runs/bench-pipeline-vs-bare.json]
 
 The backlog is written once by the real simulator (``rate=0``, faults off, 24 sensors x 200-row tables, three
 partitions per topic by default, as a default simulator run writes them). Then, alternately (so a
@@ -17,7 +18,11 @@ neighbour's load hits both alike):
   time of ``run``; the rate without the first micro-batch (Spark's per-query start-up: planning, the Python
   workers' start, the first state store) comes from ``progress.jsonl`` and is printed beside it.
 
-With ``--floor``, a third side runs in each round:
+With ``--delta``, the pipeline also drains the backlog into the Delta output (``sotw pipeline --format delta``:
+the same files, committed to the four tables' logs with the query's transaction id) in each round, right after
+the Parquet output, so the two are measured on the same backlog under the same neighbours.
+
+With ``--floor``, another side runs in each round:
 
 * **floor**: the same sotw-kafka source, the same grouping (session and placement slot) and the same
   ``applyInPandasWithState`` call, but a state function that only ``orjson``-decodes every value and keeps a
@@ -42,12 +47,14 @@ import tempfile
 import threading
 import time
 import uuid
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import orjson
 from confluent_kafka import KafkaError, TopicPartition
 
+from loadtest.delta import read_commits
 from pipeline.config import PipelineConfig
 from pipeline.offsets import lag, offsets_from_json
 from pipeline.placement import slot, state_partition
@@ -191,15 +198,21 @@ def drain_config(kafka: KafkaConfig, prefix: str, work: Path, args: argparse.Nam
         trigger_ms=None,
         max_offsets_per_trigger=args.max_offsets,
         spark=SparkConfig(),
+        batch_delay_s=args.batch_delay,
     )
 
 
 def pipeline(
-    spark: Any, kafka: KafkaConfig, prefix: str, total: int, args: argparse.Namespace
+    spark: Any,
+    kafka: KafkaConfig,
+    prefix: str,
+    total: int,
+    args: argparse.Namespace,
+    output_format: str = "parquet",
 ) -> dict[str, Any]:
     """Drain the backlog with the pipeline (availableNow) into a fresh output; rates, batches and memory."""
     work = Path(tempfile.mkdtemp(prefix="sotw-bench-pipe-"))
-    config = drain_config(kafka, prefix, work, args)
+    config = replace(drain_config(kafka, prefix, work, args), output_format=output_format)
     cpu0 = read_tree(kinds=True)
     with PeakRss() as mem:
         t0 = time.perf_counter()
@@ -230,9 +243,12 @@ def pipeline(
     rows = sum(b["rows"] for b in batches)
     later = batches[1:]
     later_rate = sum(b["rows"] for b in later) / (sum(b["ms"] for b in later) / 1000) if later else None
-    changes = sum(
-        json.loads(p.read_text())["rows"]["changes"] for p in (config.output / "_commits").glob("*.json")
-    )
+    if output_format == "delta":
+        changes = sum(c.rows for c in read_commits(config.output / "changes"))
+    else:
+        changes = sum(
+            json.loads(p.read_text())["rows"]["changes"] for p in (config.output / "_commits").glob("*.json")
+        )
     load = state_partition_load(spark, config.output / "changes", args.shuffle_partitions)
     shutil.rmtree(work, ignore_errors=True)
     if rows != total:
@@ -369,11 +385,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--floor", action="store_true", help="also run the decode-only floor of the architecture each round"
     )
+    parser.add_argument(
+        "--delta", action="store_true", help="also drain into the Delta output (--format delta) each round"
+    )
     parser.add_argument("--event-log", type=Path, help="write Spark's event log here (stage and task times)")
     parser.add_argument(
         "--conf", action="append", default=[], metavar="KEY=VALUE", help="another Spark setting (repeatable)"
     )
     parser.add_argument("--json", type=Path, default=Path("runs/bench-pipeline-vs-bare.json"))
+    # The nightly benchmark's self-test: a pipeline slowed by a fixed wait per micro-batch must be flagged.
+    parser.add_argument("--batch-delay", type=float, default=0.0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
     def go(kafka: KafkaConfig) -> dict[str, Any]:
@@ -391,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
             }
         spark = build_session(SparkConfig(shuffle_partitions=args.shuffle_partitions, extra=extra))
         print(f"SparkSession started in {time.perf_counter() - t0:.1f} s (not timed)", flush=True)
-        results: dict[str, Any] = {"bare": [], "pipeline": [], "floor": [], "messages": total}
+        results: dict[str, Any] = {"bare": [], "pipeline": [], "delta": [], "floor": [], "messages": total}
         for r in range(args.repeats):
             b = bare(kafka, ends)
             results["bare"].append(b)
@@ -413,19 +434,22 @@ def main(argv: list[str] | None = None) -> int:
                     + f"; broker {f['broker_cpu_us_per_msg']:.1f})",
                     flush=True,
                 )
-            p = pipeline(spark, kafka, prefix, total, args)
-            results["pipeline"].append(p)
-            after = p["rate_after_first_batch"]
-            per_kind = ", ".join(
-                f"{k} {v / p['messages'] * 1e6:.0f}" for k, v in p["cpu_s_by_process"].items()
-            )
-            print(
-                f"  run {r + 1}: pipeline {p['rate']:10,.0f} msg/s  ({len(p['batches'])} batches, "
-                f"{after or 0:,.0f} msg/s after the first batch of {p['first_batch_ms']} ms)  "
-                f"{p['cpu_us_per_msg']:5.1f} CPU us/msg ({per_kind}; broker {p['broker_cpu_us_per_msg']:.1f})  "
-                f"peak {p['peak_rss_bytes'] / 2**20:,.0f} MiB",
-                flush=True,
-            )
+            for side, output_format in (("pipeline", "parquet"), ("delta", "delta")):
+                if side == "delta" and not args.delta:
+                    continue
+                p = pipeline(spark, kafka, prefix, total, args, output_format)
+                results[side].append(p)
+                after = p["rate_after_first_batch"]
+                per_kind = ", ".join(
+                    f"{k} {v / p['messages'] * 1e6:.0f}" for k, v in p["cpu_s_by_process"].items()
+                )
+                print(
+                    f"  run {r + 1}: {side:8} {p['rate']:10,.0f} msg/s  ({len(p['batches'])} batches, "
+                    f"{after or 0:,.0f} msg/s after the first batch of {p['first_batch_ms']} ms)  "
+                    f"{p['cpu_us_per_msg']:5.1f} CPU us/msg ({per_kind}; broker {p['broker_cpu_us_per_msg']:.1f})  "
+                    f"peak {p['peak_rss_bytes'] / 2**20:,.0f} MiB",
+                    flush=True,
+                )
         spark.stop()
         return results
 
@@ -453,6 +477,15 @@ def main(argv: list[str] | None = None) -> int:
           f"{statistics.median(p['rate'] for p in results['pipeline']):14,.0f}")  # fmt: skip
     if best_after:
         print(f"{'pipeline after the first batch':34}{best_after:14,.0f}{statistics.median(afters):14,.0f}")
+    if results["delta"]:
+        deltas = [p["rate"] for p in results["delta"]]
+        print(f"{'pipeline, Delta output (wall)':34}{max(deltas):14,.0f}{statistics.median(deltas):14,.0f}")
+        d_after = [p["rate_after_first_batch"] for p in results["delta"] if p["rate_after_first_batch"]]
+        if d_after:
+            print(
+                f"{'Delta after the first batch':34}{max(d_after):14,.0f}{statistics.median(d_after):14,.0f}"
+            )
+        print(f"{'ratio Delta / Parquet output':34}{max(deltas) / best_pipe:14.2f}")
     if results["floor"]:
         floors = [f["rate"] for f in results["floor"]]
         print(f"{'floor (decode-only state, wall)':34}{max(floors):14,.0f}{statistics.median(floors):14,.0f}")
@@ -484,6 +517,7 @@ def main(argv: list[str] | None = None) -> int:
         "best_bare": best_bare,
         "best_pipeline": best_pipe,
         "best_pipeline_after_first_batch": best_after,
+        "best_delta": max((p["rate"] for p in results["delta"]), default=None),
         "ratio": ratio,
         "floor_ratio": max(f["rate"] for f in results["floor"]) / best_bare if results["floor"] else None,
         "peak_rss_bytes": peak,

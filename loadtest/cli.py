@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import shlex
 import signal
 import sys
@@ -16,12 +17,15 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from loadtest.capacity import search, with_capacity
+from loadtest.capacity import SearchSettings, Targets, search, step_of, steps, with_capacity
+from loadtest.contracts import CONTRACTS, FORMATS
 from loadtest.drills import Drill, DrillOutcome, load_drill, scorecard_text, shipped
 from loadtest.errors import HarnessError
+from loadtest.job import JobSpec, LagFrom
+from loadtest.processes import PLACEHOLDERS
 from loadtest.profile import Profile, changed, load_profile, parse_load
 from loadtest.report import markdown_summary, write_report
-from loadtest.results import Results
+from loadtest.results import Capacity, Results, Verdict
 from loadtest.runner import RunRequest, execute
 from loadtest.stage import BrokerCommands
 from sotw.cliargs import add_kafka_args, add_logging_args, kafka_config, setup_logging
@@ -32,7 +36,9 @@ def _parser(command: str) -> argparse.ArgumentParser:
     descriptions = {
         "run": "One load-test run: warm-up, steady phase at the profile's rate x LOAD, drain; verdict and report.",
         "bench": "1x and 10x back to back on the same profile, reported side by side.",
-        "capacity": "Find the highest load factor the pipeline sustains (doubling, then bisection).",
+        "capacity": "Find the highest rate the pipeline sustains within the lag bound and the end-to-end p99 "
+        "target: one run whose load a controller raises and lowers (or whole runs per step with --method steps); "
+        "exit 1 when not even the lowest level is sustained (docs/capacity.md).",
     }
     p = argparse.ArgumentParser(prog=f"sotw {command}", description=descriptions[command])
     if command == "run":
@@ -47,13 +53,101 @@ def _parser(command: str) -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=float, default=None, help="override the profile's warm-up seconds")
     p.add_argument("--steady", type=float, default=None, help="override the profile's steady-phase seconds")
     p.add_argument("--policy", default=None, help="override the profile's integrity policy")
+    p.add_argument(
+        "--master",
+        default=None,
+        help="Spark master of the pipeline under test: spark://HOST:PORT for a standalone cluster "
+        "(`sotw cluster` starts one here); default the pipeline's local[2]",
+    )
     if command == "capacity":
+        p.add_argument(
+            "--method",
+            choices=("search", "steps"),
+            default="search",
+            help="one controlled run, or a run per step",
+        )
         p.add_argument("--start", default="1x", help="first load factor tried (1x)")
+        p.add_argument("--min", default=None, help="lowest load factor tried (search: --start / 8)")
         p.add_argument("--max", default="64x", help="highest load factor tried (64x)")
-        p.add_argument("--refine", type=int, default=2, help="bisection steps after the doubling (2)")
+        p.add_argument(
+            "--p99", type=float, default=None, help="end-to-end p99 target in s (the profile's bound)"
+        )
+        p.add_argument("--hold", type=float, default=20.0, help="search: seconds each level is held (20)")
+        p.add_argument(
+            "--budget", type=float, default=240.0, help="search: seconds for the whole search (240)"
+        )
+        p.add_argument(
+            "--tolerance", type=float, default=0.15, help="search: converged within this share (0.15)"
+        )
+        p.add_argument("--refine", type=int, default=2, help="steps: bisection steps after the doubling (2)")
+        p.add_argument(
+            "--check", action="store_true", help="search: then a whole run at the rate found, which must PASS"
+        )
+    add_job_args(p)
     add_kafka_args(p)
     add_logging_args(p)
     return p
+
+
+def add_job_args(p: argparse.ArgumentParser) -> None:
+    """The flags that choose the job under test and how its output is read (``loadtest.job``)."""
+    g = p.add_argument_group(
+        "the job under test (default: sotw pipeline; see docs/own-pipeline.md)",
+    )
+    g.add_argument(
+        "--pipeline-cmd",
+        default=None,
+        metavar="TEMPLATE",
+        help="start this command instead of sotw pipeline, e.g. 'spark-submit job.py --bootstrap {bootstrap} "
+        "--topics {pattern} --out {output} --checkpoint {checkpoint}'; placeholders: "
+        + ", ".join("{" + k + "}" for k in PLACEHOLDERS),
+    )
+    g.add_argument(
+        "--attach", action="store_true", help="verify a job that is already running (needs --output)"
+    )
+    g.add_argument("--output", type=Path, default=None, help="--attach: where the job writes")
+    g.add_argument(
+        "--lag-from",
+        default=None,
+        metavar="SOURCE",
+        help="checkpoint:PATH (a Spark checkpoint) or group:ID (a consumer group's committed offsets); "
+        "default: the {checkpoint} the template was given",
+    )
+    g.add_argument(
+        "--contract", choices=CONTRACTS, default="full", help="output contract the verifier reads (full)"
+    )
+    g.add_argument(
+        "--format",
+        dest="output_format",
+        choices=FORMATS,
+        default="auto",
+        help="output format (auto: detected)",
+    )
+
+
+def job_from_args(args: argparse.Namespace) -> JobSpec | None:
+    """The ``JobSpec`` the flags describe; None for sotw's own pipeline with its defaults."""
+    if (
+        args.pipeline_cmd is None
+        and not args.attach
+        and args.output is None
+        and args.lag_from is None
+        and args.contract == "full"
+        and args.output_format == "auto"
+    ):
+        return None
+    if args.output is not None and not args.attach:
+        raise HarnessError(
+            "--output is for --attach; a --pipeline-cmd job writes to {output} in the run directory"
+        )
+    return JobSpec(
+        command=args.pipeline_cmd,
+        attach=args.attach,
+        output=args.output,
+        lag_from=LagFrom.parse(args.lag_from) if args.lag_from else None,
+        contract=args.contract,
+        format=args.output_format,
+    )
 
 
 def _drill_parser() -> argparse.ArgumentParser:
@@ -65,6 +159,11 @@ def _drill_parser() -> argparse.ArgumentParser:
     p.add_argument("drill", nargs="?", help="a shipped drill's name, or the path of a drill file (.toml)")
     p.add_argument("--list", action="store_true", help="list the shipped drills and exit")
     p.add_argument(
+        "--master",
+        default=None,
+        help="Spark master of the pipeline under test (spark://HOST:PORT; the worker-kill drills need one)",
+    )
+    p.add_argument(
         "--run-dir", type=Path, default=None, help="where to write (default runs/drill-<name>-<time>)"
     )
     for which, what in (
@@ -74,6 +173,7 @@ def _drill_parser() -> argparse.ArgumentParser:
         ("resume", "thaw it"),
     ):
         p.add_argument(f"--broker-{which}-cmd", default=None, metavar="COMMAND", help=f"command to {what}")
+    add_job_args(p)
     add_kafka_args(p)
     add_logging_args(p)
     return p
@@ -95,10 +195,18 @@ def run_drill(
     stop: threading.Event | None = None,
     progress: Callable[[str], None] = lambda _: None,
     command: str = "",
+    job: JobSpec | None = None,
 ) -> Results:
-    """Run one drill and return its results with the scorecard (also in ``root/results.json``)."""
+    """Run one drill and return its results with the scorecard (also in ``root/results.json``).
+
+    ``job`` is the job under test when it is not ``sotw pipeline`` (``--pipeline-cmd``).
+    """
     profile = changed(
-        load_profile(drill.profile, drill.scenario), drill.pipeline, drill.run, f"drill {drill.name}"
+        load_profile(drill.profile, drill.scenario),
+        f"drill {drill.name}",
+        simulator=drill.simulator,
+        pipeline=drill.pipeline,
+        run=drill.run,
     )
     request = RunRequest(
         profile,
@@ -109,6 +217,7 @@ def run_drill(
         incidents=drill.incidents,
         broker=drill.broker,
         broker_commands=commands,
+        job=job,
     )
     results = execute(request, stop, progress)
     outcome = DrillOutcome(
@@ -117,7 +226,6 @@ def run_drill(
         recoveries=results.incidents,
         stopped=results.pipeline_stop is not None,
         stop_message=results.pipeline_stop or "",
-        trigger_s=profile.pipeline.trigger_ms / 1000.0,
         data_loss_reports=results.data_loss_reports,
     )
     results = dataclasses.replace(results, drill=drill.score(outcome))
@@ -135,6 +243,8 @@ def drill_main(rest: Sequence[str]) -> int:
         raise HarnessError("name a drill (`sotw drill --list` shows the shipped ones) or give a drill file")
     setup_logging(args)
     drill = load_drill(args.drill)
+    if args.master:
+        drill = dataclasses.replace(drill, pipeline={**drill.pipeline, "master": args.master})
     kafka: KafkaConfig | None = kafka_config(args) if args.bootstrap else None
     commands = BrokerCommands(
         args.broker_stop_cmd, args.broker_start_cmd, args.broker_pause_cmd, args.broker_resume_cmd
@@ -148,6 +258,7 @@ def drill_main(rest: Sequence[str]) -> int:
         _stop_on_signals(),
         _say,
         "sotw " + shlex.join(["drill", *rest]),
+        job_from_args(args),
     )
     paths = write_report([results], root, "report")
     assert results.drill is not None
@@ -166,6 +277,8 @@ def _profile(args: argparse.Namespace) -> Profile:
     pipeline = profile.pipeline
     if args.policy is not None:
         pipeline = dataclasses.replace(pipeline, policy=args.policy)
+    if args.master is not None:
+        pipeline = dataclasses.replace(pipeline, master=args.master)
     return dataclasses.replace(profile, run=run, pipeline=pipeline)
 
 
@@ -203,6 +316,7 @@ def main(argv: Sequence[str]) -> int:
         return drill_main(rest)
     args = _parser(command).parse_args(rest)
     setup_logging(args)
+    job = job_from_args(args)
     profile = _profile(args)
     kafka: KafkaConfig | None = kafka_config(args) if args.bootstrap else None
     root = args.run_dir or Path("runs") / f"{command}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -210,7 +324,7 @@ def main(argv: Sequence[str]) -> int:
     cmdline = "sotw " + shlex.join([command, *rest])
     if command == "run":
         factor = parse_load(args.load)
-        result = execute(RunRequest(profile, factor, root, kafka, command=cmdline), stop, _say)
+        result = execute(RunRequest(profile, factor, root, kafka, command=cmdline, job=job), stop, _say)
         return _finish([result], root, "report")
     if command == "bench":
         results = []
@@ -220,26 +334,97 @@ def main(argv: Sequence[str]) -> int:
             _say(f"bench: {factor:g}x")
             results.append(
                 execute(
-                    RunRequest(profile, factor, root / f"{factor:g}x", kafka, command=cmdline), stop, _say
+                    RunRequest(profile, factor, root / f"{factor:g}x", kafka, command=cmdline, job=job),
+                    stop,
+                    _say,
                 )
             )
         if not results:
             raise HarnessError("bench was stopped before the first run")
         return _finish(results, root, "report")
-    capacity, results = search(
-        profile,
-        root,
-        kafka,
-        start=parse_load(args.start),
-        max_factor=parse_load(args.max),
-        refine=args.refine,
-        stop=stop,
-        progress=_say,
-    )
-    if not results:
-        raise HarnessError("capacity was stopped before the first step")
-    best = max(results, key=lambda r: (r.verdict.verdict == "PASS", r.run.load_factor))
-    summary = with_capacity(best, capacity)
+    return capacity_main(args, profile, kafka, root, stop, job)
+
+
+def capacity_main(
+    args: argparse.Namespace,
+    profile: Profile,
+    kafka: KafkaConfig | None,
+    root: Path,
+    stop: threading.Event,
+    job: JobSpec | None = None,
+) -> int:
+    """``sotw capacity``: 0 when a level was sustained (and, with ``--check``, confirmed), 1 otherwise."""
+    targets = Targets.of(profile, args.p99)
+    start, top = parse_load(args.start), parse_load(args.max)
+    if args.method == "steps":
+        found, results = steps(
+            profile, root, kafka, start, top, args.refine, targets, stop=stop, progress=_say, job=job
+        )
+        if not results:
+            raise HarnessError("capacity was stopped before the first step")
+        best = max(results, key=lambda r: (r.verdict.verdict == "PASS", r.run.load_factor))
+        summary = with_capacity(best, found)
+        correct = True
+    else:
+        settings = SearchSettings(
+            start=start,
+            min_factor=parse_load(args.min) if args.min else start / 8,
+            max_factor=top,
+            hold_s=args.hold,
+            budget_s=args.budget,
+            tolerance=args.tolerance,
+        )
+        found, result = search(profile, root, kafka, settings, targets, stop, _say, job)
+        correct = result.correctness is not None and result.correctness.passed
+        if args.check and math.isfinite(found.max_sustained_factor) and not stop.is_set():
+            _say(f"capacity: checking {found.max_sustained_factor:g}x with a whole run")
+            check = execute(
+                RunRequest(
+                    dataclasses.replace(
+                        profile,
+                        run=dataclasses.replace(
+                            profile.run,
+                            max_lag_s=targets.max_lag_s,
+                            max_end_to_end_p99_s=targets.max_e2e_p99_s,
+                        ),
+                    ),
+                    found.max_sustained_factor,
+                    root / "check",
+                    kafka,
+                    job=job,
+                ),
+                stop,
+                _say,
+            )
+            found = dataclasses.replace(
+                found, steps=[*found.steps, step_of(check)], check_sustained=check.verdict.verdict == "PASS"
+            )
+        # The search breaks the run's bounds on purpose: its verdict is the capacity's, not the calm day's.
+        reasons = [] if math.isfinite(found.max_sustained_factor) else [capacity_line(found)]
+        if found.check_sustained is False:
+            reasons.append("the whole run at the rate found did not PASS")
+        if not correct:
+            reasons += [
+                f"correctness: {r}" for r in (result.correctness.reasons if result.correctness else [])
+            ]
+        summary = dataclasses.replace(
+            with_capacity(result, found), verdict=Verdict("FAIL" if reasons else "PASS", reasons)
+        )
     summary.to_json(root / "results.json")
     _finish([summary], root, "report")
-    return 0
+    print(f"\ncapacity: {capacity_line(found)}")
+    if not correct:
+        print("capacity: the pipeline's output was not correct during the search; the rate is not a capacity")
+    sustained = math.isfinite(found.max_sustained_factor) and found.check_sustained is not False
+    return 0 if sustained and correct else 1
+
+
+def capacity_line(found: Capacity) -> str:
+    """The capacity in one sentence."""
+    if not math.isfinite(found.max_sustained_factor):
+        return f"not even the lowest level was sustained ({found.confidence})"
+    check = {True: "; confirmed by a whole run", False: "; NOT confirmed by a whole run", None: ""}
+    return (
+        f"{found.max_sustained_rate:,.0f} msg/s ({found.max_sustained_factor:g}x), {found.confidence}"
+        f"{check[found.check_sustained]}"
+    )

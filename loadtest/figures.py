@@ -23,6 +23,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
+from loadtest.contracts import OutputSpec
 from loadtest.expect import read_ledger
 from loadtest.incidents import IncidentRecord
 from loadtest.profile import Profile
@@ -40,7 +41,7 @@ from loadtest.results import (
     Series,
     Verdict,
 )
-from loadtest.verify import end_to_end, latency_summary, read_output
+from loadtest.verify import end_to_end_of, latency_summary
 from pipeline.progress import input_messages
 
 COMPONENTS = ("broker", "pipeline", "harness")
@@ -93,6 +94,8 @@ class Outcome:
         When and why the pipeline stopped on its own, if it did.
     data_loss_reports
         How many times the pipeline reported data the broker no longer had.
+    output_spec
+        The job's output, its contract and format; None for sotw's pipeline in the run directory.
     """
 
     profile: Profile
@@ -111,6 +114,7 @@ class Outcome:
     incidents: list[IncidentRecord] = field(default_factory=list)
     stopped: Stop | None = None
     data_loss_reports: int = 0
+    output_spec: OutputSpec | None = None
 
     @property
     def target_rate(self) -> float:
@@ -123,9 +127,9 @@ class Outcome:
         return next((p for p in self.phases if p.name == STEADY), None)
 
     @property
-    def output(self) -> Path:
-        """The pipeline's output root."""
-        return self.run_dir / "pipeline" / "output"
+    def output(self) -> OutputSpec:
+        """The pipeline's output."""
+        return self.output_spec or OutputSpec(self.run_dir / "pipeline" / "output")
 
 
 def results(outcome: Outcome, clock: Callable[[], float] = time.time) -> Results:
@@ -178,8 +182,14 @@ def results(outcome: Outcome, clock: Callable[[], float] = time.time) -> Results
 
 
 def incident_results(outcome: Outcome, samples: pd.DataFrame, e2e: pd.DataFrame) -> list[IncidentResult]:
-    """Each incident's window, what was done, and what it did to the pipeline (``loadtest.recovery``)."""
+    """Each incident's window, what was done, and what it did to the pipeline (``loadtest.recovery``).
+
+    A stop is also counted in triggers: the batches the pipeline planned between the incident's end and its
+    stop (from the checkpoint's offset log, which every trigger that plans a batch writes), plus the trigger
+    that failed.
+    """
     steady = outcome.steady
+    planned = batch_times(outcome.run_dir / "pipeline" / "checkpoint")
     out = []
     for record in outcome.incidents:
         if not record.start_ms:
@@ -193,8 +203,27 @@ def incident_results(outcome: Outcome, samples: pd.DataFrame, e2e: pd.DataFrame)
             outcome.stopped,
             steady.start_ms if steady else None,
         )
-        out.append(dataclasses.replace(measured, notes=list(record.notes), error=record.error))
+        triggers = None
+        if measured.stopped and outcome.stopped is not None:
+            triggers = 1 + sum(1 for t in planned if window.end_ms <= t <= outcome.stopped.at_ms)
+        out.append(
+            dataclasses.replace(
+                measured, notes=list(record.notes), error=record.error, stop_triggers=triggers
+            )
+        )
     return out
+
+
+def batch_times(checkpoint: Path) -> list[int]:
+    """When each batch still in the checkpoint's offset log was planned (``batchTimestampMs``), ascending."""
+    folder = checkpoint / "offsets"
+    times = []
+    for path in folder.glob("[0-9]*") if folder.is_dir() else []:
+        try:
+            times.append(int(json.loads(path.read_text().splitlines()[1])["batchTimestampMs"]))
+        except (OSError, ValueError, KeyError, IndexError):
+            continue
+    return sorted(times)
 
 
 # ------------------------------------------------------------------------------------------- samples
@@ -318,7 +347,7 @@ def in_phase(intended_ms: pd.Series, phase: Phase | None) -> npt.NDArray[np.bool
 
 
 def latencies(
-    run_dir: Path, output: Path, steady: Phase | None
+    run_dir: Path, output: Path | OutputSpec, steady: Phase | None
 ) -> tuple[list[LatencySummary], list[Series], pd.DataFrame]:
     """End-to-end, publish and schedule-lateness percentiles over the steady phase's messages.
 
@@ -328,7 +357,7 @@ def latencies(
     ledger = read_ledger(run_dir)
     summaries: list[LatencySummary] = []
     series_out: list[Series] = []
-    e2e = end_to_end(ledger, read_output(output))
+    e2e = end_to_end_of(ledger, output)
     t0 = float(ledger["intended_ts"].min()) / 1000.0 if not ledger.empty else 0.0
     if not e2e.empty:
         steady_e2e = e2e[in_phase(e2e["intended_ts"], steady)]
@@ -400,7 +429,7 @@ def headline(outcome: Outcome, steady: pd.DataFrame, latency: list[LatencySummar
     figures.append(
         Figure("drain_time", "drain", math.nan if outcome.drain_s is None else outcome.drain_s, "s")
     )
-    breakdown = time_breakdown(outcome.output / "progress.jsonl", outcome.steady)
+    breakdown = time_breakdown(outcome.output.path / "progress.jsonl", outcome.steady)
     figures += [Figure(f"{BATCH_STEP}{step}", STEADY, ms, "ms") for step, ms in breakdown.items()]
     return figures
 

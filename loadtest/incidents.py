@@ -85,6 +85,12 @@ class Stage(Protocol):
     def start_cpu_hogs(self, count: int) -> None:
         """Start ``count`` busy processes beside the system under test."""
 
+    def kill_spark(self, worker: bool) -> str:
+        """SIGKILL the Spark cluster's executor JVMs (with ``worker``, the worker JVMs too); say what died."""
+
+    def restart_spark_workers(self) -> str:
+        """Start the worker JVMs that ``kill_spark`` killed again; say what was started."""
+
     def stop_cpu_hogs(self) -> None:
         """Stop the busy processes."""
 
@@ -516,6 +522,44 @@ class CpuHog(Incident):
         stage.stop_cpu_hogs()
 
 
+@dataclass(frozen=True)
+class WorkerKill(Incident):
+    """A Spark node going down: SIGKILL of the standalone cluster's executor JVMs, or of its worker with them.
+
+    The pipeline must run on the cluster (``--master spark://...``) and its workers on this machine. With
+    ``worker = false`` the worker stays and the master gives the pipeline new executors at once; with
+    ``worker = true`` the worker JVM dies too and is started again after ``restart_after_s``.
+    """
+
+    kind: ClassVar[str] = "worker_kill"
+    worker: bool = False
+    restart_after_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not isinstance(self.worker, bool):
+            raise HarnessError(f"worker_kill: worker must be true or false, got {self.worker!r}")
+        _number("worker_kill: restart_after_s", self.restart_after_s)
+
+    @property
+    def duration(self) -> float:
+        """Until the worker is started again (an executor kill is an instant)."""
+        return self.restart_after_s if self.worker else 0.0
+
+    def begin(self, stage: Stage) -> str:
+        """Kill the executors (and the worker)."""
+        return stage.kill_spark(self.worker)
+
+    def end(self, stage: Stage) -> str:
+        """Start the worker again."""
+        return stage.restart_spark_workers() if self.worker else "over"
+
+    def close(self, stage: Stage) -> None:
+        """Never leave the cluster without its worker."""
+        if self.worker:
+            stage.restart_spark_workers()
+
+
 def _broker(stage: Stage, kind: str) -> BrokerControl:
     if stage.broker is None:
         raise HarnessError(
@@ -538,6 +582,7 @@ KINDS: dict[str, type[Incident]] = {
         SensorStorm,
         CheckpointStall,
         CpuHog,
+        WorkerKill,
     )
 }
 

@@ -31,11 +31,11 @@ import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from loadtest import figures
+from loadtest.contracts import OutputSpec
 from loadtest.errors import HarnessError
 from loadtest.expect import build_expectation, read_ledger, read_truth
 from loadtest.figures import Outcome
@@ -182,18 +182,6 @@ class LocustStage(RunStage):
         """Start the pipeline again on its checkpoint."""
         self._ours()
         super().start_pipeline(changes)
-
-
-@dataclass(frozen=True)
-class LocustOutcome(Outcome):
-    """An ``Outcome`` whose pipeline output is the session's (shared by its runs), not under the run directory."""
-
-    pipeline_output: Path | None = None
-
-    @property
-    def output(self) -> Path:
-        """The pipeline's output root."""
-        return self.pipeline_output or super().output
 
 
 def run_output(output: PipelineOutput, prefix: str) -> PipelineOutput:
@@ -472,7 +460,7 @@ class Run:
             )
         load = sum(self._steady_load) / len(self._steady_load) if self._steady_load else self.relay.load
         log_path = s.pipeline.log_path if s.pipeline is not None else Path("/nonexistent")
-        outcome = LocustOutcome(
+        outcome = Outcome(
             profile=self.profile,
             load_factor=load,
             run_dir=self.run_dir,
@@ -489,7 +477,7 @@ class Run:
             incidents=self.incident_records,
             stopped=self.stopped,
             data_loss_reports=_data_loss_reports(log_path),
-            pipeline_output=s.output,
+            output_spec=OutputSpec(s.output) if s.output is not None else None,
         )
         results = figures.results(outcome)
         results.to_json(self.run_dir / "results.json")

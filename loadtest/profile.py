@@ -72,6 +72,7 @@ _TYPED_FLAGS = {
     "--no-fail-on-data-loss": "fail_on_data_loss",
     "--shuffle-partitions": "shuffle_partitions",
     "--discovery-interval": "discovery_interval",
+    "--master": "master",
 }
 
 
@@ -101,6 +102,9 @@ class PipelineSettings:
         State partitions; None for the pipeline's default.
     discovery_interval
         How often the pipeline looks for new topics.
+    master
+        The Spark master the pipeline runs on (``spark://HOST:PORT`` for a standalone cluster); None for the
+        pipeline's own default (``local[2]``).
     extra_args
         Any other ``sotw pipeline`` flags, passed through unread (``--conf k=v``); a flag that has a field
         above is refused here, so the harness never misreads it.
@@ -115,6 +119,7 @@ class PipelineSettings:
     fail_on_data_loss: bool = True
     shuffle_partitions: int | None = None
     discovery_interval: str = "1s"
+    master: str | None = None
     extra_args: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -138,6 +143,10 @@ class PipelineSettings:
                 ms = None
             if not ms:
                 raise HarnessError(f"pipeline.{name} must be a duration such as 1s or 500ms, got {value!r}")
+        if self.master is not None and (not isinstance(self.master, str) or not self.master.strip()):
+            raise HarnessError(
+                f"pipeline.master must be a Spark master URL such as spark://host:7077, got {self.master!r}"
+            )
         if not isinstance(self.extra_args, tuple) or not all(isinstance(a, str) for a in self.extra_args):
             raise HarnessError(f"pipeline.extra_args must be a list of strings, got {self.extra_args!r}")
         for arg in self.extra_args:
@@ -201,6 +210,7 @@ class PipelineSettings:
             ("--window-ms", self.window_ms),
             ("--max-offsets-per-trigger", self.max_offsets_per_trigger),
             ("--shuffle-partitions", self.shuffle_partitions),
+            ("--master", self.master),
         ):
             if value is not None:
                 out += [flag, str(value)]
@@ -286,8 +296,16 @@ class Profile:
         return out
 
 
-def changed(profile: Profile, pipeline: Mapping[str, Any], run: Mapping[str, Any], where: str) -> Profile:
-    """``profile`` with some pipeline and run settings changed (a drill's ``pipeline = {...}``, ``run = {...}``).
+def changed(
+    profile: Profile,
+    where: str,
+    simulator: Mapping[str, Any] | None = None,
+    pipeline: Mapping[str, Any] | None = None,
+    run: Mapping[str, Any] | None = None,
+) -> Profile:
+    """``profile`` with some settings changed (a drill's ``simulator``, ``pipeline`` and ``run`` tables).
+
+    A ``faults`` table replaces the profile's fault rates whole (``faults = {}`` turns them off).
 
     Raises
     ------
@@ -295,13 +313,27 @@ def changed(profile: Profile, pipeline: Mapping[str, Any], run: Mapping[str, Any
         Naming ``where`` and the unknown setting or the bad value.
     """
     try:
-        new_pipeline = dataclasses.replace(
-            profile.pipeline, **known_settings(PipelineSettings, pipeline, f"{where}.pipeline")
-        )
-        new_run = dataclasses.replace(profile.run, **known_settings(RunSettings, run, f"{where}.run"))
+        sim_changes = dict(known_settings(SimulatorConfig, simulator or {}, f"{where}.simulator"))
+        if "faults" in sim_changes:
+            sim_changes["faults"] = FaultConfig.from_mapping(
+                sim_changes["faults"], where=f"{where}.simulator.faults"
+            )
+        if "sensor_faults" in sim_changes:
+            sim_changes["sensor_faults"] = {
+                str(k): FaultConfig.from_mapping(v, where=f"{where}.simulator.sensor_faults.{k}")
+                for k, v in dict(sim_changes["sensor_faults"]).items()
+            }
+        new_sim = profile.simulator.replace(**sim_changes)
+        pipe_changes = dict(known_settings(PipelineSettings, pipeline or {}, f"{where}.pipeline"))
+        if "extra_args" in pipe_changes:
+            pipe_changes["extra_args"] = tuple(pipe_changes["extra_args"])
+        new_pipeline = dataclasses.replace(profile.pipeline, **pipe_changes)
+        new_run = dataclasses.replace(profile.run, **known_settings(RunSettings, run or {}, f"{where}.run"))
     except SotwError as exc:
         raise HarnessError(str(exc)) from None
-    return dataclasses.replace(profile, pipeline=new_pipeline, run=new_run)
+    except TypeError as exc:
+        raise HarnessError(f"{where}: {exc}") from None
+    return dataclasses.replace(profile, simulator=new_sim, pipeline=new_pipeline, run=new_run)
 
 
 def _jsonable(value: Any) -> Any:

@@ -463,8 +463,11 @@ def _fault_rows(c: Correctness) -> tuple[list[str], list[list[str]]]:
 
 
 def _correctness_rows(c: Correctness) -> tuple[list[str], list[list[str]]]:
+    if c.contract == "tables":
+        return ["check", "result"], _tables_rows(c)
     rows = [
         ["verdict", "PASS" if c.passed else "FAIL"],
+        ["output", f"full contract, {c.output_format}"],
         ["policy", c.policy],
         ["sessions", fmt(c.sessions_expected)],
         [
@@ -478,8 +481,30 @@ def _correctness_rows(c: Correctness) -> tuple[list[str], list[list[str]]]:
         ["session statuses", ", ".join(f"{k} {v}" for k, v in sorted(c.statuses.items())) or "-"],
         ["strict: query must stop", "yes" if c.must_stop else "no"],
         ["blame", ", ".join(f"{k} {v}" for k, v in sorted(c.blame.items())) or "-"],
+        ["end-to-end latency measured against", c.latency_source or "-"],
     ]
     return ["check", "result"], rows
+
+
+def _tables_rows(c: Correctness) -> list[list[str]]:
+    """The tables contract's checks: final tables only (docs/own-pipeline.md)."""
+    return [
+        ["verdict", "PASS" if c.passed else "FAIL"],
+        ["output", f"tables contract, {c.output_format}"],
+        ["sessions", fmt(c.sessions_expected)],
+        [
+            "exact final tables",
+            f"{c.sessions_exact} of {c.sessions_exact_required} judged ({fmt(100 * c.exact_match_rate, '%')})",
+        ],
+        ["not judged (a message lost before the pipeline)", fmt(c.sessions_not_judged)],
+        ["rows expected / written", f"{fmt(c.rows_expected)} / {fmt(c.rows_written)}"],
+        [
+            "rows wrong / missing / extra / repeated",
+            f"{c.rows_wrong} / {c.rows_lost} / {c.rows_unexpected} / {c.rows_repeated}",
+        ],
+        ["blame", ", ".join(f"{k} {v}" for k, v in sorted(c.blame.items())) or "-"],
+        ["end-to-end latency measured against", c.latency_source or "-"],
+    ]
 
 
 def _damage_rows(c: Correctness) -> tuple[list[str], list[list[str]]]:
@@ -610,12 +635,19 @@ def _capacity_rows(r: Results) -> tuple[list[str], list[list[str]]]:
         ["1x baseline rate", fmt(cap.baseline_rate, "msg/s")],
         ["headroom over 1x", fmt(cap.headroom, "x")],
     ]
+    if cap.confidence:
+        rows.append(["confidence", cap.confidence])
+    if cap.targets:
+        rows.append(["targets", ", ".join(f"{k} {fmt(v)}" for k, v in cap.targets.items())])
+    if cap.check_sustained is not None:
+        rows.append(["whole run at that rate", "PASS" if cap.check_sustained else "FAIL"])
     rows += [[f"time in {k}", fmt(v, "ms")] for k, v in cap.time_breakdown_ms.items()]
     rows += [
         [
-            f"step {fmt(s.load_factor)}x",
-            f"{fmt(s.achieved_rate)} of {fmt(s.target_rate)} msg/s, "
-            f"{'sustained' if s.sustained else 'fell behind'}",
+            f"{'level' if cap.method == 'search' else 'step'} {fmt(s.load_factor)}x"
+            + (" (confirmation)" if s.confirmation else ""),
+            f"{fmt(s.achieved_rate)} of {fmt(s.target_rate)} msg/s, lag p95 {fmt(s.lag_p95, 's')}, "
+            f"end-to-end p99 {fmt(s.latency_p99_ms, 'ms')}: {'sustained' if s.sustained else 'fell behind'}",
         ]
         for s in cap.steps
     ]

@@ -170,7 +170,14 @@ class DamageWindow:
 
 @dataclass(frozen=True)
 class Correctness:
-    """The verifier's verdict on the pipeline's output under the run's policy."""
+    """The verifier's verdict on the pipeline's output under the run's policy.
+
+    ``contract`` is the output contract it was read with (``full`` or ``tables``, see
+    ``loadtest.contracts``), ``output_format`` ``parquet`` or ``delta``. Under ``tables``, ``rows_wrong``
+    counts rows with wrong values and ``sessions_not_judged`` the sessions that lost a message before the
+    pipeline could see it. ``latency_source`` says which commit time end-to-end latency was measured
+    against (``loadtest.contracts.COMMIT_SOURCES``).
+    """
 
     policy: str
     passed: bool
@@ -193,6 +200,11 @@ class Correctness:
     discrepancy_counts: dict[str, int] = field(default_factory=dict)
     blame: dict[str, int] = field(default_factory=dict)
     reasons: list[str] = field(default_factory=list)
+    contract: str = "full"
+    output_format: str = "parquet"
+    rows_wrong: int = 0
+    sessions_not_judged: int = 0
+    latency_source: str = ""
 
 
 @dataclass(frozen=True)
@@ -205,6 +217,8 @@ class CapacityStep:
     sustained: bool
     lag_max: float = math.nan
     latency_p99_ms: float = math.nan
+    lag_p95: float = math.nan
+    confirmation: bool = False
 
 
 @dataclass(frozen=True)
@@ -217,6 +231,11 @@ class Capacity:
     baseline_rate: float = math.nan
     headroom: float = math.nan
     time_breakdown_ms: dict[str, float] = field(default_factory=dict)
+    method: str = "steps"
+    lowest_broken_factor: float = math.nan
+    confidence: str = ""
+    targets: dict[str, float] = field(default_factory=dict)
+    check_sustained: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -241,6 +260,7 @@ class IncidentResult:
     e2e_threshold_ms: float = math.nan
     stopped: bool = False
     stop_after_s: float | None = None
+    stop_triggers: int | None = None
     stop_message: str = ""
     notes: list[str] = field(default_factory=list)
     error: str | None = None

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import re
 import secrets
 import threading
 import time
@@ -25,18 +24,12 @@ from loadtest import figures
 from loadtest.errors import HarnessError
 from loadtest.figures import Outcome
 from loadtest.incidents import BrokerControl, Incident, Schedule
-from loadtest.processes import PipelineProcess, PipelineProcessConfig
+from loadtest.job import JobSpec, job_parts
+from loadtest.processes import PipelineProcess
 from loadtest.profile import Profile
 from loadtest.recovery import Stop
 from loadtest.results import Phase, Results
-from loadtest.samplers import (
-    KafkaLagProbe,
-    OutputProbe,
-    ProgressProbe,
-    ResourceProbe,
-    Sampler,
-    ThreadCpuProbe,
-)
+from loadtest.samplers import ResourceProbe, Sampler, ThreadCpuProbe
 from loadtest.stage import BrokerCommands, CommandControl, EmbeddedControl, RunStage
 from loadtest.verify import verify_run
 from simulator.producer import Simulator
@@ -70,6 +63,9 @@ class RunRequest:
         The embedded broker's storage: ``memory``, or ``durable`` (its data survives a restart).
     broker_commands
         How to stop, start, freeze and thaw the broker of a cluster given with ``kafka``, for incidents.
+    job
+        The job under test when it is not ``sotw pipeline`` (``--pipeline-cmd``, ``--attach``), or how
+        its output is read (``loadtest.job``); None runs ``sotw pipeline`` with its full output.
     """
 
     profile: Profile
@@ -81,6 +77,7 @@ class RunRequest:
     incidents: tuple[Incident, ...] = ()
     broker: str = "memory"
     broker_commands: BrokerCommands | None = None
+    job: JobSpec | None = None
 
     @property
     def all_incidents(self) -> tuple[Incident, ...]:
@@ -134,6 +131,8 @@ def execute(request: RunRequest, stop: threading.Event | None = None, progress: 
     run_dir = request.run_dir
     if run_dir.exists() and any(run_dir.iterdir()):
         raise HarnessError(f"run directory {run_dir} is not empty; choose a new one")
+    if request.job is not None:
+        request.job.check_incidents(request.all_incidents)
     run_dir.mkdir(parents=True, exist_ok=True)
     span = max((i.at_s + i.duration for i in request.all_incidents), default=0.0)
     if span and request.profile.run.steady_s < span + 10:
@@ -171,7 +170,9 @@ def _run(
     profile, run_dir = request.profile, request.run_dir
     tag = secrets.token_hex(3)
     # A run-specific topic prefix: runs sharing a cluster (bench, capacity, --bootstrap) never read each other.
-    prefix = f"{profile.simulator.topic_prefix}{tag}-"
+    # A job the harness attached to subscribed before the run, to the profile's own prefix.
+    attached = request.job is not None and request.job.attach
+    prefix = profile.simulator.topic_prefix if attached else f"{profile.simulator.topic_prefix}{tag}-"
     settings = profile.run
     sim_config = profile.simulator.replace(
         topic_prefix=prefix,
@@ -180,29 +181,19 @@ def _run(
         duration_s=None,
         max_messages=None,
     )
-    out_root = run_dir / "pipeline"
-    pipe = PipelineProcess(
-        PipelineProcessConfig(
-            bootstrap=kafka.bootstrap,
-            output=out_root / "output",
-            checkpoint=out_root / "checkpoint",
-            pattern=re.escape(prefix) + ".*",
-            settings=profile.pipeline,
-            extra_args=("-q", *_kafka_flags(kafka), *request.pipeline_args),
-        ),
-        log_path=out_root / "pipeline.log",
+    job = job_parts(
+        request.job, profile, kafka, run_dir, prefix, ("-q", *_kafka_flags(kafka), *request.pipeline_args)
     )
+    pipe = job.process
     simulator = Simulator(sim_config, kafka, run_dir)
     sampler = Sampler(
         {
             "simulator": _SimulatorProbe(simulator),
-            "lag": KafkaLagProbe(kafka, pipe.config.pattern, pipe.config.checkpoint),
-            "output": OutputProbe(pipe.config.output),
-            "progress": ProgressProbe(pipe.config.output / "progress.jsonl"),
+            **job.probes,
             "resources": ResourceProbe(
                 {
                     "broker": broker_pids,
-                    "pipeline": lambda: pipe.pid if pipe.alive() else None,
+                    "pipeline": lambda: pipe.pid if pipe.proc is not None and pipe.alive() else None,
                     "harness": os.getpid,
                 },
                 alone=("harness",),  # the harness's children are the broker and the pipeline
@@ -305,9 +296,7 @@ def _run(
     progress("verifying the output against the ledger")
     policy = profile.pipeline.verifier_policy(timeouts_expire=not interrupted and drain_s is not None)
     verify_cpu0 = time.process_time()
-    correctness = verify_run(
-        run_dir, pipe.config.output, policy, kafka, pipeline_stopped=pipeline_failed is not None
-    )
+    correctness = verify_run(run_dir, job.output, policy, kafka, pipeline_stopped=pipeline_failed is not None)
     outcome = Outcome(
         profile=profile,
         load_factor=request.load_factor,
@@ -325,6 +314,7 @@ def _run(
         incidents=schedule.records,
         stopped=stopped,
         data_loss_reports=_data_loss_reports(pipe.log_path),
+        output_spec=job.output,
     )
     results = figures.results(outcome)
     results.to_json(run_dir / "results.json")

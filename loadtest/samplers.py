@@ -2,8 +2,10 @@
 
 The sampler thread merges the probes' readings into one row per second (``samples.jsonl``), which the report
 turns into throughput, lag and resource charts. Probes read what the parts already publish (the simulator's
-counters, Kafka's end offsets, the pipeline's checkpoint, progress log and commit markers, ``/proc``), so the
-system under test is not slowed by being watched; the sampler's own CPU time is measured and reported.
+counters, Kafka's end offsets, the pipeline's checkpoint or its consumer group's offsets, its progress log,
+commit markers or Delta log, ``/proc``), so the system under test is not slowed by being watched and need
+not cooperate (a team's own job has no sotw progress log); the sampler's own CPU time is measured and
+reported.
 """
 
 from __future__ import annotations
@@ -19,7 +21,11 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import psutil
+import pyarrow as pa
+import pyarrow.parquet as pq
 
+from loadtest.contracts import parquet_files
+from loadtest.delta import read_commits
 from pipeline.progress import input_messages
 from sotw.kafka import EndOffsets, KafkaConfig
 from sotw.procstats import (
@@ -44,10 +50,13 @@ class Probe(Protocol):
 
 
 def checkpoint_position(checkpoint: Path) -> dict[tuple[str, int], int]:
-    """The source offsets of the last batch the pipeline committed: where it will read next.
+    """The source offsets of the last batch the query committed: where it will read next.
 
-    Spark writes ``offsets/<batch>`` (version line, metadata line, one JSON line per source) before a
-    batch and ``commits/<batch>`` after it; the committed batch's end offsets are the pipeline's position.
+    Spark writes ``offsets/<batch>`` (version line, metadata line, one line per source) before a batch and
+    ``commits/<batch>`` after it; the committed batch's end offsets are the query's position. A Kafka
+    source's line, sotw's or Spark's own, is ``{"topic": {"partition": offset}}``; a query with several
+    sources has one line each (all are merged), and a line that is not such an object (``-`` for a source
+    without offsets yet, another kind of source) is skipped.
     """
     commits = checkpoint / "commits"
     if not commits.is_dir():
@@ -57,10 +66,77 @@ def checkpoint_position(checkpoint: Path) -> dict[tuple[str, int], int]:
         return {}
     try:
         lines = (checkpoint / "offsets" / str(done[-1])).read_text().splitlines()
-        offsets = json.loads(lines[2])
-    except (OSError, IndexError, ValueError):
+    except OSError:
         return {}
-    return {(t, int(p)): int(o) for t, parts in offsets.items() for p, o in parts.items()}
+    position: dict[tuple[str, int], int] = {}
+    for line in lines[2:]:
+        try:
+            offsets = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(offsets, dict):
+            continue
+        for topic, parts in offsets.items():
+            if isinstance(parts, dict):
+                for part, offset in parts.items():
+                    if str(part).lstrip("-").isdigit() and isinstance(offset, int):
+                        position[(str(topic), int(part))] = offset
+    return position
+
+
+class LagSource(Protocol):
+    """Where a job's position (the next offset it will read, per partition) is read from."""
+
+    def position(self, partitions: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
+        """The job's position on ``partitions`` (a partition it has not started on may be absent)."""
+        ...
+
+
+class CheckpointLag:
+    """The position of any Spark Structured Streaming query, from its checkpoint (``checkpoint_position``)."""
+
+    def __init__(self, checkpoint: Path) -> None:
+        self.checkpoint = checkpoint
+
+    def position(self, partitions: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
+        """The last committed batch's end offsets."""
+        return checkpoint_position(self.checkpoint)
+
+    def describe(self) -> str:
+        """For logs and the report."""
+        return f"checkpoint {self.checkpoint}"
+
+
+class GroupLag:
+    """The position of a consumer that commits its offsets to Kafka (Kafka Streams, Flink, a plain consumer).
+
+    Reads the group's committed offsets (OffsetFetch) with a consumer that never joins the group, so the
+    job's own consumers are not rebalanced by being watched.
+    """
+
+    def __init__(self, kafka: KafkaConfig, group: str, timeout: float = 10.0) -> None:
+        self.group = group
+        self._consumer = kafka.consumer(**{"group.id": group, "enable.auto.commit": False})
+        self._timeout = timeout
+
+    def position(self, partitions: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
+        """The committed offsets (a partition without one is absent)."""
+        from confluent_kafka import TopicPartition
+
+        if not partitions:
+            return {}
+        committed = self._consumer.committed(
+            [TopicPartition(t, p) for t, p in partitions], timeout=self._timeout
+        )
+        return {(tp.topic, tp.partition): int(tp.offset) for tp in committed if tp.offset >= 0}
+
+    def describe(self) -> str:
+        """For logs and the report."""
+        return f"consumer group {self.group}"
+
+    def close(self) -> None:
+        """Close the consumer."""
+        self._consumer.close()
 
 
 class AppendTimes:
@@ -118,9 +194,12 @@ class KafkaLagProbe:
     pattern
         The pipeline's topic regex.
     checkpoint
-        The pipeline's checkpoint (its position).
+        The pipeline's checkpoint (its position), or another ``LagSource`` (``GroupLag``).
     list_every_s
         How often topics are listed again (new sensors' topics).
+    report_consumed
+        Also report ``consumed``, the offsets the job has passed on the run's topics (for a job without
+        sotw's progress log; the run's topics are new, so they start at offset 0).
 
     Attributes
     ----------
@@ -128,9 +207,17 @@ class KafkaLagProbe:
         The last sample per topic: ``{topic: (offsets behind, age of its oldest unprocessed message, s)}``.
     """
 
-    def __init__(self, kafka: KafkaConfig, pattern: str, checkpoint: Path, list_every_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        kafka: KafkaConfig,
+        pattern: str,
+        checkpoint: Path | LagSource,
+        list_every_s: float = 5.0,
+        report_consumed: bool = False,
+    ) -> None:
         self._regex = re.compile(pattern)
-        self._checkpoint = checkpoint
+        self._source = CheckpointLag(checkpoint) if isinstance(checkpoint, Path) else checkpoint
+        self._report_consumed = report_consumed
         self._ends = EndOffsets(kafka)
         self._partitions: list[tuple[str, int]] = []
         self._list_every_s = list_every_s
@@ -160,7 +247,7 @@ class KafkaLagProbe:
     def sample(self) -> dict[str, Any]:
         """Lag totals now."""
         parts = self._topic_partitions()
-        position = checkpoint_position(self._checkpoint)
+        position = self._source.position(parts)
         ends = self._ends.watermarks(parts)
         # On Tansu the reported high watermark can be one record batch short of the true end, and finding the
         # true end reads that batch: worth it only where the pipeline looks caught up, where the exact end
@@ -183,13 +270,22 @@ class KafkaLagProbe:
                 oldest, topic_oldest = min(oldest, since), min(topic_oldest, since)
             per_topic[tp[0]] = (offsets + behind[tp], topic_oldest)
         self.topics = {t: (n, round(now - since, 3)) for t, (n, since) in sorted(per_topic.items())}
-        return {
+        row = {
             "lag_offsets": sum(behind.values()),
             "lag_max_partition": max(behind.values(), default=0),
             "lag_age_s": round(now - oldest, 3),
             "topics": len({t for t, _ in parts}),
             "end_offsets_total": sum(end for _, end in ends.values()),
         }
+        if self._report_consumed:
+            row["consumed"] = sum(position.get(tp, 0) for tp in ends)
+        return row
+
+    def close(self) -> None:
+        """Close the lag source's client, if it has one."""
+        close = getattr(self._source, "close", None)
+        if close is not None:
+            close()
 
 
 class OutputProbe:
@@ -216,6 +312,89 @@ class OutputProbe:
                 for name, n in marker.get("rows", {}).items():
                     self.rows[name] = self.rows.get(name, 0) + int(n)
         return {"written_" + k: v for k, v in self.rows.items()} | {"batches": self.batches}
+
+
+class CheckpointProbe:
+    """Batches and the last batch's duration of any Structured Streaming query, from its checkpoint.
+
+    Spark writes ``offsets/<batch>`` when a batch is planned and ``commits/<batch>`` when it is done, so
+    the time between the two files is the batch's duration, read without the job's cooperation.
+    """
+
+    def __init__(self, checkpoint: Path) -> None:
+        self._checkpoint = checkpoint
+
+    def sample(self) -> dict[str, Any]:
+        """Batches committed so far and the last one's duration."""
+        commits = self._checkpoint / "commits"
+        done = [int(p.name) for p in commits.iterdir() if p.name.isdigit()] if commits.is_dir() else []
+        if not done:
+            return {"batches": 0}
+        last = max(done)
+        try:
+            took = (commits / str(last)).stat().st_mtime - (
+                self._checkpoint / "offsets" / str(last)
+            ).stat().st_mtime
+        except OSError:
+            took = 0.0
+        return {"batches": last + 1, "batch_duration_ms": max(0, int(took * 1000))}
+
+
+class DeltaOutputProbe:
+    """Rows committed to Delta tables, from their commit files (each read once).
+
+    Parameters
+    ----------
+    tables
+        ``{dataset: table path}``; each dataset's rows are reported as ``written_<dataset>``.
+    """
+
+    def __init__(self, tables: Mapping[str, Path]) -> None:
+        self._tables = dict(tables)
+        self._version = dict.fromkeys(self._tables, -1)
+        self.rows = dict.fromkeys(self._tables, 0)
+
+    def sample(self) -> dict[str, Any]:
+        """Cumulative rows written per dataset."""
+        for name, table in self._tables.items():
+            for commit in read_commits(table, after=self._version[name]):
+                self._version[name] = commit.version
+                self.rows[name] += commit.rows
+        return {"written_" + k: v for k, v in self.rows.items()}
+
+
+class FilesOutputProbe:
+    """Rows in a directory of Parquet files, and when each file was first seen (the commit time of last resort).
+
+    ``close`` writes ``{file: first seen, epoch ms}`` to ``seen_path`` for the verifier's latency figures.
+    """
+
+    def __init__(self, root: Path, seen_path: Path, dataset: str = "changes") -> None:
+        self._root = root
+        self._seen_path = seen_path
+        self._dataset = dataset
+        self.first_seen: dict[str, int] = {}
+        self.rows = 0
+
+    def sample(self) -> dict[str, Any]:
+        """Cumulative rows in the files seen so far."""
+        now = int(time.time() * 1000)
+        for path in parquet_files(self._root):
+            name = str(path.relative_to(self._root))
+            if name in self.first_seen:
+                continue
+            try:
+                rows = pq.ParquetFile(path).metadata.num_rows
+            except (OSError, ValueError, pa.ArrowException):
+                continue  # still being written; next second
+            self.first_seen[name] = now
+            self.rows += int(rows)
+        return {f"written_{self._dataset}": self.rows}
+
+    def close(self) -> None:
+        """Write the first-seen times."""
+        self._seen_path.parent.mkdir(parents=True, exist_ok=True)
+        self._seen_path.write_text(json.dumps(self.first_seen))
 
 
 class ProgressProbe:
@@ -429,7 +608,12 @@ class Sampler(threading.Thread):
                 out.write(json.dumps(row) + "\n")
                 out.flush()
                 next_at += self._interval
-                self._halt.wait(max(0.0, next_at - time.monotonic()))
+                now = time.monotonic()
+                if next_at < now:
+                    # A slow sample (a broker that does not answer) must not be followed by a burst of samples
+                    # catching up: skip the missed ticks, one row per interval.
+                    next_at += ((now - next_at) // self._interval + 1) * self._interval
+                self._halt.wait(max(0.0, next_at - now))
 
     def wait_first_row(self, timeout: float) -> bool:
         """Wait until the first row is taken (at most ``timeout`` seconds); True if it was."""

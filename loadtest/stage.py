@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from loadtest.cluster import LocalWorkers
 from loadtest.errors import HarnessError
 from loadtest.incidents import BrokerControl
 from loadtest.processes import PipelineProcess
@@ -144,6 +145,7 @@ class RunStage:
         self.load_factor = load_factor
         self.pipeline_down_on_purpose = False
         self._hogs: list[subprocess.Popen[bytes]] = []
+        self._spark: LocalWorkers | None = None
 
     @property
     def broker(self) -> BrokerControl | None:
@@ -220,3 +222,20 @@ class RunStage:
             hog = self._hogs.pop()
             hog.kill()
             hog.wait(10)
+
+    def kill_spark(self, worker: bool) -> str:
+        """SIGKILL the executors (with ``worker``, the workers too) of the cluster the pipeline runs on."""
+        master = self.pipeline.config.settings.master or ""
+        if not master.startswith("spark://"):
+            raise HarnessError(
+                f"worker_kill needs the pipeline on a standalone cluster (--master spark://HOST:PORT), not {master or 'local[2]'}"
+            )
+        self._spark = self._spark or LocalWorkers(master)
+        if worker:
+            return f"{self._spark.kill_workers()} Spark worker(s) killed with their executors (SIGKILL)"
+        return f"{self._spark.kill_executors()} executor JVM(s) killed (SIGKILL); the worker starts new ones"
+
+    def restart_spark_workers(self) -> str:
+        """Start the killed workers again."""
+        started = self._spark.restart_workers() if self._spark else 0
+        return f"{started} Spark worker(s) started again"

@@ -141,17 +141,49 @@ class Triager:
         self.close()
 
     def triage_all(self, discrepancies: Iterable[Discrepancy]) -> list[Discrepancy]:
-        """Each discrepancy with its ``triage`` filled in, in the same order."""
-        out: list[Discrepancy] = []
+        """Each discrepancy with its ``triage`` filled in, in the same order.
+
+        Messages are traced first. A discrepancy about a whole session (its status, its table) in a session
+        that lost messages before the pipeline (the producer never delivered them, the broker lost them), and
+        none in the pipeline, is a consequence of that loss and is blamed on the same layer, as on-call would
+        name the root cause; in other sessions it is the pipeline's own.
+        """
+        items = list(discrepancies)
+        traced: dict[int, Triage] = {}
         checked = 0
-        for d in discrepancies:
+        for i, d in enumerate(items):
             if d.kind not in MESSAGE_KINDS or (d.kind == "false_violation" and d.seq is None):
-                out.append(replace(d, triage=Triage("pipeline", detail="the pipeline's own output is wrong")))
-            elif checked >= self._limit:
-                out.append(replace(d, triage=Triage("unknown", detail=f"not triaged (limit {self._limit})")))
+                continue
+            if checked >= self._limit:
+                traced[i] = Triage("unknown", detail=f"not triaged (limit {self._limit})")
             else:
                 checked += 1
-                out.append(replace(d, triage=self.triage(d)))
+                traced[i] = self.triage(d)
+        upstream: dict[str, str] = {}
+        own: set[str] = set()
+        for i, t in traced.items():
+            if t.layer in ("producer", "broker") and items[i].session:
+                upstream.setdefault(items[i].session, t.layer)
+            elif t.layer == "pipeline":
+                own.add(items[i].session)
+        for session in own:
+            upstream.pop(session, None)  # the pipeline lost messages of it too: its damage is the pipeline's
+        out: list[Discrepancy] = []
+        for i, d in enumerate(items):
+            if i in traced:
+                out.append(replace(d, triage=traced[i]))
+            elif d.session in upstream:
+                layer = upstream[d.session]
+                out.append(
+                    replace(
+                        d,
+                        triage=Triage(
+                            layer, detail=f"follows from messages of this session the {layer} lost"
+                        ),
+                    )
+                )
+            else:
+                out.append(replace(d, triage=Triage("pipeline", detail="the pipeline's own output is wrong")))
         return out
 
     def triage(self, d: Discrepancy) -> Triage:

@@ -1,10 +1,12 @@
-"""The independent correctness verdict: the pipeline's Parquet output against the ledger's expectation.
+"""The independent correctness verdict: the pipeline's output against the ledger's expectation.
 
 ``loadtest.expect`` says what a correct pipeline must write under the run's policy; this module reads what
-the pipeline did write (with pyarrow, not Spark, so the verdict does not share the system under test's
-machinery), compares session by session and message by message, scores the detection of injected faults,
-triages every discrepancy to a layer, and summarises it all as a ``results.Correctness``. Only batches whose
-``_commits/<batch>.json`` marker exists are read: anything else is not visible output.
+the pipeline did write (with pyarrow and delta-rs, not Spark, so the verdict does not share the system under
+test's machinery), compares session by session and message by message, scores the detection of injected
+faults, triages every discrepancy to a layer, and summarises it all as a ``results.Correctness``. In sotw's
+Parquet layout only batches whose ``_commits/<batch>.json`` marker exists are read: anything else is not
+visible output; a Delta table shows only what it committed. An output under the tables contract (final
+tables only) is judged by ``loadtest.contracts``; ``verify_run`` chooses.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import logging
 import math
 from collections import Counter, defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,17 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.dataset as ds
 
+from loadtest.contracts import (
+    COMMIT_SOURCES,
+    LATENCY_COLUMNS,
+    OutputSpec,
+    latencies,
+    read_tables,
+    read_truth_tables,
+    tables_end_to_end,
+    verify_tables,
+)
+from loadtest.delta import is_delta_table, read_table, transaction_times
 from loadtest.expect import (
     SESSION_LEVEL,
     Event,
@@ -112,10 +125,28 @@ def read_dataset(path: Path, partitions: Iterable[str], batches: Iterable[int]) 
     return frame
 
 
-def read_output(root: Path) -> PipelineOutput:
-    """Read the four datasets and the commit markers of an output root (see docs/pipeline-outputs.md)."""
+def read_output(root: Path, fmt: str = "auto") -> PipelineOutput:
+    """Read the four datasets and the commit times of an output root (see docs/pipeline-outputs.md).
+
+    ``fmt`` ``parquet`` reads sotw's Parquet layout (only batches with a ``_commits`` marker), ``delta``
+    four Delta tables (every committed version; a batch is dated by the commit that recorded its ``txn``),
+    ``auto`` whichever is on disk.
+    """
+    if OutputSpec(root, "full", fmt).resolved_format() == "delta":
+        return _read_delta_output(root)
     commits = read_commits(root)
     frames = {name: read_dataset(root / name, parts, commits) for name, parts in _PARTITIONS.items()}
+    return PipelineOutput(commits=commits, **frames)
+
+
+def _read_delta_output(root: Path) -> PipelineOutput:
+    frames: dict[str, pd.DataFrame] = {}
+    commits: dict[int, int] = {}
+    for name in _PARTITIONS:
+        table = root / name
+        frames[name] = read_table(table) if is_delta_table(table) else pd.DataFrame()
+        for batch, when in transaction_times(table).items():
+            commits[batch] = min(when, commits.get(batch, when))
     return PipelineOutput(commits=commits, **frames)
 
 
@@ -539,16 +570,42 @@ def _correctness(exp: Expectation, tally: _Tally, discrepancies: list[Discrepanc
 
 def verify_run(
     run_dir: Path,
-    output_root: Path,
+    output: Path | OutputSpec,
     policy: Policy,
     kafka: KafkaConfig | None = None,
     pipeline_stopped: bool | None = None,
 ) -> Correctness:
-    """Verify one run directory's ledger and truth against an output root, reading Kafka for triage."""
+    """Verify one run directory's ledger and truth against an output, reading Kafka for triage.
+
+    ``output`` is an output root read under the full contract, or an ``OutputSpec`` naming the contract and
+    format (``loadtest.contracts``); under the tables contract ``policy`` is not used.
+    """
+    spec = output if isinstance(output, OutputSpec) else OutputSpec(output)
     ledger = read_ledger(run_dir)
-    expectation = build_expectation(policy, ledger, read_truth(run_dir))
+    fmt = spec.resolved_format()
     with Triager(ledger, kafka) as triager:
-        return verify(expectation, read_output(output_root), triager, pipeline_stopped)
+        if spec.contract == "tables":
+            tables = read_tables(spec)
+            correctness, found = verify_tables(
+                ledger, read_truth(run_dir), read_truth_tables(run_dir), tables
+            )
+            source = tables.commit_source
+            discrepancies = triager.triage_all(found)
+            blame = Counter(d.triage.layer for d in discrepancies if d.triage is not None)
+            correctness = replace(correctness, discrepancies=discrepancies, blame=dict(blame))
+        else:
+            expectation = build_expectation(policy, ledger, read_truth(run_dir))
+            correctness = verify(expectation, read_output(spec.path, fmt), triager, pipeline_stopped)
+            source = "delta" if fmt == "delta" else "markers"
+    return replace(correctness, output_format=fmt, latency_source=COMMIT_SOURCES[source])
+
+
+def end_to_end_of(ledger: pd.DataFrame, output: Path | OutputSpec) -> pd.DataFrame:
+    """``end_to_end`` for an output of either contract and format (see ``loadtest.contracts``)."""
+    spec = output if isinstance(output, OutputSpec) else OutputSpec(output)
+    if spec.contract == "tables":
+        return tables_end_to_end(ledger, read_tables(spec))
+    return end_to_end(ledger, read_output(spec.path, spec.format))
 
 
 # --------------------------------------------------------------------------------------------- latency
@@ -556,17 +613,10 @@ def verify_run(
 
 def end_to_end(ledger: pd.DataFrame, output: PipelineOutput) -> pd.DataFrame:
     """Per applied message: ``intended_ts``, ``committed_ms`` of the batch that first wrote it, ``latency_ms``."""
-    cols = ["session", "seq", "intended_ts", "committed_ms", "latency_ms"]
     if output.changes.empty or not output.commits:
-        return pd.DataFrame(columns=cols)
+        return pd.DataFrame(columns=LATENCY_COLUMNS)
     commits = pd.DataFrame({"batch_id": list(output.commits), "committed_ms": list(output.commits.values())})
-    written = output.changes[["session", "seq", "batch_id"]].merge(commits, on="batch_id")
-    first = written.groupby(["session", "seq"], as_index=False)["committed_ms"].min()
-    meant = ledger[ledger["fault"] != "duplicate"].drop_duplicates(["session", "seq"])
-    joined = first.merge(meant[["session", "seq", "intended_ts"]], on=["session", "seq"])
-    joined["latency_ms"] = joined["committed_ms"].astype("float64") - joined["intended_ts"].astype("float64")
-    result: pd.DataFrame = joined[cols]
-    return result
+    return latencies(ledger, output.changes[["session", "seq", "batch_id"]].merge(commits, on="batch_id"))
 
 
 def latency_summary(name: str, latencies_ms: Any, scope: str = "steady") -> LatencySummary:

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pipeline.config import SOURCES, PipelineConfig, parse_trigger
+from pipeline.config import FORMATS, SOURCES, PipelineConfig, parse_trigger
 from pipeline.errors import IntegrityStopped
 from pipeline.policies import POLICIES, PolicyConfig
 from pipeline.spark import SparkConfig
@@ -24,8 +24,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="sotw pipeline",
         description="Rebuild every capture session's table from the sensor topics, enforce an integrity "
-        "policy and write Parquet exactly once. `sotw pipeline inspect OUTPUT` summarizes an output; "
-        "`sotw pipeline rollback OUTPUT --to-batch N` takes one back to an earlier batch.",
+        "policy and write Parquet or Delta exactly once. `sotw pipeline inspect OUTPUT` summarizes an output; "
+        "`sotw pipeline rollback OUTPUT --to-batch N` takes one back to an earlier batch; `sotw pipeline "
+        "compact OUTPUT` compacts a Delta output's small files and applies its retention.",
     )
     add_kafka_args(p)
     p.add_argument("--pattern", default="sotw-sensor-.*", help="topic regex to subscribe to (sotw-sensor-.*)")
@@ -40,6 +41,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--window-messages", type=int, default=None, help="window policy: lateness in messages")
     p.add_argument("--window-ms", type=int, default=None, help="window policy: lateness in ms of event time")
     p.add_argument("--output", type=Path, default=Path("runs/pipeline/output"), help="output root")
+    p.add_argument(
+        "--format",
+        dest="output_format",
+        choices=FORMATS,
+        default="parquet",
+        help="parquet (with _commits markers) or delta (Delta tables, exactly once by transaction id) (parquet)",
+    )
     p.add_argument("--checkpoint", type=Path, default=None, help="checkpoint (OUTPUT/../checkpoint)")
     p.add_argument("--max-offsets-per-trigger", type=int, default=None, help="records per batch, at most")
     p.add_argument(
@@ -70,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="extra Spark setting")
     p.add_argument("--progress", type=Path, default=None, help="progress log (OUTPUT/progress.jsonl)")
     p.add_argument("--drop-batch", type=int, action="append", default=[], help=argparse.SUPPRESS)
+    p.add_argument("--batch-delay", type=float, default=0.0, help=argparse.SUPPRESS)
     add_logging_args(p)
     return p
 
@@ -115,8 +124,10 @@ def config_from_args(args: argparse.Namespace) -> PipelineConfig:
         ),
         progress_path=args.progress,
         drop_batches=frozenset(args.drop_batch),
+        batch_delay_s=args.batch_delay,
         state_partitions=args.shuffle_partitions,
         storage_retry_s=storage_ms / 1000,
+        output_format=args.output_format,
     )
 
 
@@ -171,6 +182,46 @@ def rollback_main(argv: Sequence[str]) -> int:
     return 0
 
 
+def compact_main(argv: Sequence[str]) -> int:
+    """``sotw pipeline compact OUTPUT``."""
+    from pipeline.delta import compact
+    from pipeline.errors import PipelineError
+
+    p = argparse.ArgumentParser(
+        prog="sotw pipeline compact",
+        description="Compact the small files of a Delta output (one per session and batch) into larger ones, "
+        "delete files unreferenced for longer than the retention and trim the log. Safe while the pipeline "
+        "runs; schedule it (cron, Airflow) rather than doing it by hand.",
+    )
+    p.add_argument("output", type=Path, help="a Delta output root (its datasets) or one Delta table")
+    p.add_argument(
+        "--retention",
+        default="168h",
+        help="keep unreferenced files this long, for readers of older versions (168h: a week)",
+    )
+    p.add_argument("--no-vacuum", action="store_true", help="compact only; delete nothing")
+    args = p.parse_args(argv)
+    try:
+        retention_ms = parse_trigger(args.retention)
+        if retention_ms is None:
+            raise ValueError(args.retention)
+        results = compact(args.output, retention_hours=retention_ms // 3_600_000, vacuum=not args.no_vacuum)
+    except ValueError:
+        print(
+            f"sotw pipeline compact: --retention must be a duration such as 168h, got {args.retention!r}",
+            file=sys.stderr,
+        )
+        return 2
+    except PipelineError as exc:
+        print(f"sotw pipeline compact: error: {exc}", file=sys.stderr)
+        return 2
+    for r in results:
+        print(
+            f"{r.table}: {r.files_removed} files compacted into {r.files_added}; {r.vacuumed} old files deleted"
+        )
+    return 0
+
+
 def main(argv: Sequence[str]) -> int:
     """Run the pipeline until Ctrl-C/SIGTERM (or until drained with ``--trigger availableNow``)."""
     argv = list(argv)
@@ -178,6 +229,8 @@ def main(argv: Sequence[str]) -> int:
         return inspect_main(argv[1:])
     if argv and argv[0] == "rollback":
         return rollback_main(argv[1:])
+    if argv and argv[0] == "compact":
+        return compact_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     setup_logging(args)

@@ -11,6 +11,7 @@ from pipeline.spark import SparkConfig
 from sotw.kafka import KafkaConfig
 
 SOURCES = ("sotw-kafka", "spark-kafka")
+FORMATS = ("parquet", "delta")
 _TRIGGER = re.compile(r"^(\d+(?:\.\d+)?)\s*(ms|s|sec|seconds?|m|min|minutes?|h|hours?)$")
 _UNIT_MS = {"ms": 1, "s": 1000, "sec": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000}
 
@@ -63,6 +64,12 @@ class PipelineConfig:
     drop_batches
         Sabotage for the harness's self-test: these batch ids are committed without writing their records,
         as a buggy sink would. Never set it outside a drill.
+    output_format
+        ``parquet`` (Parquet directories with ``_commits`` markers) or ``delta`` (Delta tables written with
+        the query's transaction identifier); see docs/pipeline-outputs.md.
+    batch_delay_s
+        Sabotage for the nightly benchmark's self-test: every micro-batch waits this long before its output
+        is written, as a slow sink would, so its regression check must flag it. Never set it otherwise.
     storage_retry_s
         How long one outage of the checkpoint or output storage (not writable, full) may last: the query is
         started again from its checkpoint once it is writable; after this long the pipeline stops.
@@ -86,10 +93,14 @@ class PipelineConfig:
     spark: SparkConfig = field(default_factory=SparkConfig)
     progress_path: Path | None = None
     drop_batches: frozenset[int] = frozenset()
+    batch_delay_s: float = 0.0
     state_partitions: int | None = None
     storage_retry_s: float = 600.0
+    output_format: str = "parquet"
 
     def __post_init__(self) -> None:
+        if self.output_format not in FORMATS:
+            raise ValueError(f"output format must be one of {', '.join(FORMATS)}, got {self.output_format!r}")
         try:
             re.compile(self.pattern)
         except re.error as exc:

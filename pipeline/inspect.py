@@ -13,12 +13,21 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.dataset as ds
 
+from pipeline.delta import is_table
 from pipeline.sinks import DATASETS, PARTITIONS, committed_batches
 
 
 def read_dataset(output: Path, name: str, columns: list[str] | None = None) -> pa.Table | None:
-    """One output dataset as an Arrow table, restricted to committed batches; None if nothing was written."""
+    """One output dataset as an Arrow table, restricted to committed batches; None if nothing was written.
+
+    A dataset written with ``--format delta`` is read as its Delta table's latest version.
+    """
     root = output / name
+    if is_table(root):
+        from deltalake import DeltaTable
+
+        table: pa.Table = DeltaTable(str(root)).to_pyarrow_table(columns=columns)
+        return table
     if not root.is_dir() or not any(root.rglob("*.parquet")):
         return None
     # Partition values are strings: inferred, a sensor called "0007" would come back as a number, and a dataset
@@ -46,7 +55,7 @@ class OutputSummary:
 
 def summarize_output(output: Path) -> OutputSummary:
     """Summarize an output root written by ``sotw pipeline``."""
-    summary = OutputSummary(batches=len(committed_batches(output)))
+    summary = OutputSummary(batches=len(committed_batches(output)) or _delta_batches(output))
     changes = read_dataset(output, "changes", ["sensor"])
     if changes is not None:
         summary.changes = changes.num_rows
@@ -62,6 +71,20 @@ def summarize_output(output: Path) -> OutputSummary:
         # The reason's first words are the rule broken; the rest (positions, bytes) would split the counts.
         summary.dead_letters_by_reason.update(str(d).split(":")[0] for d in dead.column("detail").to_pylist())
     return summary
+
+
+def _delta_batches(output: Path) -> int:
+    """Batches a Delta output recorded: the distinct transaction versions of its tables' commits."""
+    batches: set[str] = set()
+    for name in DATASETS:
+        root = output / name
+        if is_table(root):
+            from deltalake import DeltaTable
+
+            for commit in DeltaTable(str(root)).history():
+                if "sotw.batch_id" in commit:
+                    batches.add(str(commit["sotw.batch_id"]))
+    return len(batches)
 
 
 def render(summary: OutputSummary, output: Path) -> str:

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pyspark.sql.streaming import StreamingQueryListener
+from pyspark.sql.streaming.listener import StreamingQueryListener
 
 from sotw.procstats import read_tree, rss_by_kind
 
@@ -93,7 +93,7 @@ def _add_lag_metrics(progress: dict[str, Any]) -> None:
             source["metrics"] = {k: str(v) for k, v in lag.as_metrics().items()}
 
 
-class ProgressLog(StreamingQueryListener):  # type: ignore[misc]
+class ProgressLog(StreamingQueryListener):
     """Append each progress event of one query to ``path`` and hand a summary to ``on_progress``.
 
     Parameters

@@ -43,6 +43,12 @@ def read_source(spark: Any, config: PipelineConfig) -> Any:
     return df if "values" in df.columns else df.select(*KAFKA_COLUMNS)
 
 
+def _writer(config: PipelineConfig) -> OutputWriter:
+    return OutputWriter(
+        config.output, config.checkpoint, config.drop_batches, output_format=config.output_format
+    )
+
+
 def query_name(config: PipelineConfig) -> str:
     """The streaming query's name: the output directory's, so progress events can be told apart."""
     return f"sotw-{config.output.resolve().name}"
@@ -58,9 +64,10 @@ def start_query(spark: Any, config: PipelineConfig, writer: OutputWriter | None 
         placement_partitions(spark, config.checkpoint),
         str(config.output.absolute()),
     )
+    sink = writer or _writer(config)
     stream = (
         records.writeStream.queryName(query_name(config))
-        .foreachBatch(writer or OutputWriter(config.output, config.checkpoint, config.drop_batches))
+        .foreachBatch(_delayed(sink, config.batch_delay_s) if config.batch_delay_s > 0 else sink)
         .option("checkpointLocation", str(config.checkpoint))
         .outputMode("append")
     )
@@ -73,6 +80,16 @@ def start_query(spark: Any, config: PipelineConfig, writer: OutputWriter | None 
     # batch that has data. Spark reads the setting when the query starts.
     spark.conf.set(NO_DATA_BATCHES, "false" if config.trigger_ms is None else "true")
     return stream.start()
+
+
+def _delayed(sink: OutputWriter, delay_s: float) -> Callable[[Any, int], None]:
+    """``sink`` after a fixed wait per batch: the nightly benchmark's planted regression (``--batch-delay``)."""
+
+    def write(batch_df: Any, batch_id: int) -> None:
+        time.sleep(delay_s)
+        sink(batch_df, batch_id)
+
+    return write
 
 
 _VIOLATION = re.compile(r"(IntegrityViolation|DataLossError|PipelineError): (.+?)(?:\n|$)")
@@ -186,7 +203,7 @@ def _wait_writable(folder: Path, patience_s: float, stop: threading.Event, cause
 
 def _run_query(spark: Any, config: PipelineConfig, stop: threading.Event, listener: ProgressLog) -> RunResult:
     """One start of the query, until it drains, ``stop`` is set, or it fails."""
-    writer = OutputWriter(config.output, config.checkpoint, config.drop_batches)
+    writer = _writer(config)
     listener.messages_of = writer.messages_of
     query = start_query(spark, config, writer)
     stopped_by = "drained"

@@ -152,7 +152,7 @@ class SessionFunction:
 
         ctx = TaskContext.get()
         batch = None if ctx is None else ctx.getLocalProperty(BATCH_ID_PROPERTY)
-        if batch is None:
+        if ctx is None or batch is None:
             raise PipelineError("records can be written only inside a streaming query's micro-batch")
         files: list[tuple[str, str, int]] = []
         if len(records):

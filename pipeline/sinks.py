@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from pipeline.delta import DeltaTables, StagedFile, is_table
 from pipeline.errors import PipelineError
 
 log = logging.getLogger(__name__)
@@ -237,10 +238,17 @@ def check_consistency(output: Path, checkpoint: Path) -> None:
             f"output {output} is in the middle of a rollback to batch {target} that did not finish: run "
             f"`sotw pipeline rollback {output} --to-batch {target}` again to complete it"
         )
-    out_batches = committed_batches(output)
     ckpt_batches = checkpoint_batches(checkpoint)
     owner = output / OWNER_FILE
     query_id = checkpoint_query_id(checkpoint)
+    delta = any(is_table(output / name) for name in DATASETS)
+    out_batches = committed_batches(output)
+    if delta:
+        # A Delta table records the batches of the query that wrote them (its transaction identifier), and
+        # only those that wrote to it: the last one is a lower bound of what the output holds.
+        writer = json.loads(owner.read_text()).get("query_id") if owner.is_file() else query_id
+        last = DeltaTables(output, str(writer), PARTITIONS).last_batch()
+        out_batches = [last] if last >= 0 else []
     if owner.is_file():
         recorded = json.loads(owner.read_text()).get("query_id")
         if query_id is None and out_batches:
@@ -262,7 +270,7 @@ def check_consistency(output: Path, checkpoint: Path) -> None:
             f"output {output} has batches up to {last_out} but checkpoint {checkpoint} only up to {last_ckpt}: "
             "the checkpoint is older than the output (restored or damaged); refusing to rewrite or skip batches"
         )
-    if last_ckpt >= 0 and last_out < last_ckpt:
+    if last_ckpt >= 0 and last_out < last_ckpt and not delta:
         raise PipelineError(
             f"checkpoint {checkpoint} has committed batches up to {last_ckpt} but output {output} only up to "
             f"{last_out}: output was lost or deleted; refusing to continue with a hole in the output"
@@ -317,6 +325,9 @@ class OutputWriter:
         Batches committed without writing their records (``--drop-batch``, the harness's self-test).
     retain_empty
         How many of the latest batches keep their marker although they wrote nothing.
+    output_format
+        ``parquet`` (the datasets as Parquet directories with ``_commits`` markers) or ``delta`` (Delta
+        tables committed with the query's transaction identifier, ``pipeline.delta``).
     """
 
     def __init__(
@@ -325,11 +336,14 @@ class OutputWriter:
         checkpoint: Path,
         drop_batches: frozenset[int] = frozenset(),
         retain_empty: int = RETAIN_EMPTY_MARKERS,
+        output_format: str = "parquet",
     ) -> None:
         self.output = output
         self.checkpoint = checkpoint
         self.drop_batches = drop_batches
         self.retain_empty = retain_empty
+        self.output_format = output_format
+        self._delta: DeltaTables | None = None
         self.last: BatchStats | None = None
         self._messages: dict[int, int] = {}
         self._owner_checked = False
@@ -354,18 +368,24 @@ class OutputWriter:
         else:
             self.output.mkdir(parents=True, exist_ok=True)
             _atomic_write_json(owner, {"query_id": query_id, "checkpoint": str(self.checkpoint.resolve())})
+        if self.output_format == "delta":
+            self._delta = DeltaTables(self.output, str(query_id), PARTITIONS)
         self._owner_checked = True
 
     def _journal(self, batch_id: int) -> Path:
         return self.output / PUBLISHING / f"{batch_id}.json"
 
-    def _clear_attempt(self, batch_id: int) -> None:
-        """Remove what an interrupted attempt of ``batch_id`` left: its staging and the files it published."""
+    def _clear_attempt(self, batch_id: int, keep: frozenset[str] = frozenset()) -> None:
+        """Remove what an interrupted attempt of ``batch_id`` left: its staging and the files it published.
+
+        Files of the datasets in ``keep`` stay: their Delta tables committed them.
+        """
         shutil.rmtree(self.output / STAGING / str(batch_id), ignore_errors=True)
         journal = self._journal(batch_id)
         if journal.is_file():
             for name in json.loads(journal.read_text())["files"]:
-                (self.output / name).unlink(missing_ok=True)
+                if Path(name).parts[0] not in keep:
+                    (self.output / name).unlink(missing_ok=True)
             journal.unlink()
         elif not self._searched:
             # The first batch after a start is the only one that can be a replay, and an output written by a
@@ -401,6 +421,9 @@ class OutputWriter:
         """Publish the files ``batch_df`` (the stateful step's ``WRITTEN_DDL`` rows) names, unless already done."""
         if not self._owner_checked:
             self._claim()
+        if self._delta is not None:
+            self._publish_delta(self._delta, batch_df, batch_id)
+            return
         marker = self.output / COMMITS / f"{batch_id}.json"
         planned = planned_offsets(self.checkpoint, batch_id)
         if marker.exists():
@@ -459,6 +482,51 @@ class OutputWriter:
         self._remember(batch_id, messages)
         self.last = BatchStats(batch_id, rows, committed_ms, messages)
         self._forget_empty(batch_id - self.retain_empty)
+
+    def _publish_delta(self, tables: DeltaTables, batch_df: Any, batch_id: int) -> None:
+        """Commit the batch's files to each dataset's Delta table whose transaction version is below it.
+
+        Every dataset is its own transaction, so a kill between two commits leaves the others to the replay;
+        files moved into a table but never committed are removed from the journal then (no reader sees
+        them meanwhile).
+        """
+        done = frozenset(d for d in DATASETS if tables.committed(d) >= batch_id)
+        self._clear_attempt(batch_id, keep=done)
+        staging = (self.output / STAGING / str(batch_id)).absolute()
+        counts = dict.fromkeys(DATASETS, 0)
+        messages = 0
+        files: dict[str, list[tuple[Path, Path, int]]] = {d: [] for d in DATASETS}
+        for dataset, path, rows, consumed, _ in batch_df.collect():
+            messages += consumed or 0
+            if dataset is None:
+                continue
+            counts[dataset] += rows
+            if path is not None and batch_id not in self.drop_batches and dataset not in done:
+                src = Path(path)
+                dest = (
+                    self.output
+                    / dataset
+                    / src.parent.relative_to(staging / dataset)
+                    / f"b{batch_id}-{src.name}"
+                )
+                files[dataset].append((src, dest, rows))
+        _refuse_repeated(batch_id, [(src, dest) for moves in files.values() for src, dest, _ in moves])
+        moved = [dest for moves in files.values() for _, dest, _ in moves]
+        journal = self._journal(batch_id)
+        if moved:
+            journal.parent.mkdir(exist_ok=True)
+            _atomic_write_json(journal, {"files": [str(d.relative_to(self.output)) for d in moved]})
+        for dataset, moves in files.items():
+            for src, dest, _ in moves:
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(src, dest)
+            tables.commit(dataset, batch_id, [StagedFile(dest, rows) for _, dest, rows in moves])
+        shutil.rmtree(staging, ignore_errors=True)
+        journal.unlink(missing_ok=True)
+        if done:
+            log.info("batch %d already in %s; not written again", batch_id, ", ".join(sorted(done)))
+        self._remember(batch_id, messages)
+        self.last = BatchStats(batch_id, counts, int(time.time() * 1000), messages)
 
     def _forget_empty(self, batch_id: int) -> None:
         """Remove ``batch_id``'s marker if that batch wrote nothing: only recent markers matter for recovery."""

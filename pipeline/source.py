@@ -421,7 +421,7 @@ class OffsetReader:
         return out
 
 
-class KafkaInputPartition(InputPartition):  # type: ignore[misc]
+class KafkaInputPartition(InputPartition):
     """The offset ranges one Spark task reads with one consumer.
 
     Parameters
@@ -459,7 +459,7 @@ def plan_partitions(
     return [KafkaInputPartition(group) for group in pack_ranges(ranges, options.tasks)]
 
 
-class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # type: ignore[misc]
+class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Plans micro-batches over Kafka offsets and reads them; see the module docstring.
 
     One instance lives in the driver's Python source runner for the whole query and keeps what it learned
@@ -476,6 +476,9 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  #
         self._opts = options
         self._broker: OffsetReader | None = None
         self._seen_end: dict[TP, int] = {}
+        # Partitions that disappeared after the query had read them to the end, and where it was: if one comes
+        # back starting below that, it was reset (recreated, or a broker that lost its data) while running.
+        self._left_at: dict[TP, int] = {}
         self._latest: dict[TP, int] = {}
         self._available_now = False
         self._target: dict[TP, int] | None = None
@@ -566,20 +569,12 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  #
             low, stop = view.available[tp]
             if stop < pos:
                 # The partition now ends before our position: it was recreated or the broker lost its data.
+                # Records acknowledged after the last look may be gone too, so, as in Spark, it is data loss.
                 seen = self._seen_end.get(tp, pos)
-                if seen > pos:
-                    report_data_loss(
-                        fail, tp[0], tp[1], pos, seen, f"the partition was reset and now ends at {stop}"
-                    )
-                else:
-                    log.warning(
-                        "topic %r partition %d was reset (now ends at %d, we were at %d); reading it from %d",
-                        tp[0],
-                        tp[1],
-                        stop,
-                        pos,
-                        low,
-                    )
+                report_data_loss(
+                    fail, tp[0], tp[1], pos, seen if seen > pos else None,
+                    f"the partition was reset and now ends at {stop}; it is read again from offset {low}",
+                )  # fmt: skip
                 end[tp], origin[tp] = stop, low
             elif low > pos:
                 report_data_loss(fail, tp[0], tp[1], pos, low, "the broker deleted them (retention or reset)")
@@ -588,6 +583,13 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  #
                 end[tp], origin[tp] = stop, pos
         for tp, (low, stop) in view.available.items():
             if tp not in begin:
+                left_at = self._left_at.pop(tp, None)
+                if left_at is not None and low < left_at:
+                    report_data_loss(
+                        fail, tp[0], tp[1], left_at, None,
+                        f"the partition disappeared while the query was at this offset and came back starting at "
+                        f"{low} (recreated, or the broker lost its data); it is read again from offset {low}",
+                    )  # fmt: skip
                 log.info("new partition %s/%d: reading from offset %d", tp[0], tp[1], low)
                 end[tp], origin[tp] = stop, low
         self._remember(view)
@@ -645,6 +647,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  #
                 self._opts.fail_on_data_loss, tp[0], tp[1], pos, seen, "the topic or partition was deleted"
             )
         else:
+            self._left_at[tp] = pos
             log.info("topic %r partition %d disappeared after it was read to the end (%d)", tp[0], tp[1], pos)
 
     def reportLatestOffset(self) -> dict[str, dict[str, int]] | None:  # noqa: N802
@@ -675,7 +678,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  #
         self._broker = None
 
 
-class KafkaBatchReader(DataSourceReader):  # type: ignore[misc]
+class KafkaBatchReader(DataSourceReader):
     """``spark.read.format("sotw-kafka")``: the records between ``startingOffsets`` and ``endingOffsets``.
 
     Parameters
@@ -715,7 +718,7 @@ class KafkaBatchReader(DataSourceReader):  # type: ignore[misc]
         return read_ranges(self._opts, partition.ranges)
 
 
-class KafkaDataSource(DataSource):  # type: ignore[misc]
+class KafkaDataSource(DataSource):
     """The ``sotw-kafka`` data source: Spark's Kafka source options and rows, read with confluent-kafka.
 
     Registered by ``pipeline.spark.build_session``; options are checked when ``load()`` is called, so a

@@ -24,6 +24,19 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "loadtest.locust_cli",
         "Locust drives the fleet: web UI with live lag, latency and correctness",
     ),
+    "compare": (
+        "loadtest.compare",
+        "two results files (or nightly entries) side by side, B judged against A",
+    ),
+    "nightly": (
+        "loadtest.nightly",
+        "the benchmark set, its history, the regression check and the trend page",
+    ),
+    "plan": (
+        "loadtest.plan",
+        "how many executor cores, partitions and brokers a fleet needs (`plan measure`)",
+    ),
+    "cluster": ("loadtest.cluster", "a Spark standalone cluster on this machine until Ctrl-C (for --master)"),
     "demo": ("loadtest.demo", "the README demo on the embedded broker"),
 }
 

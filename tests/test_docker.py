@@ -474,3 +474,39 @@ def test_healthcheck_reports_healthy_only_when_the_service_answers(http_server: 
     assert check(["http", f"http://127.0.0.1:{closed}/json/"]) == 1
     assert check(["http", "file:///etc/passwd"]) == 1
     assert check(["bogus"]) == 2
+
+
+# --- the harness ------------------------------------------------------------------------------------------------
+
+
+def test_the_harness_service_runs_a_load_test_on_the_cluster_and_keeps_its_run_where_the_workers_see_it() -> (
+    None
+):
+    from loadtest.profile import load_profile
+
+    service = SERVICES["harness"]
+    cmd = command(service)
+    assert cmd[:2] == ["sotw", "run"]
+    assert "harness" in service.get("profiles", []), "a run on demand, not a service `up` starts"
+    scenario = mounts(service)[flag(cmd, "--scenario")]
+    profile = load_profile(flag(cmd, "--profile"), (DOCKER / scenario).resolve())
+    [(master_name, master)] = spark_daemons(".Master").items()
+    assert (
+        profile.pipeline.master
+        == f"spark://{flag(command(master), '--host')}:{flag(command(master), '--port')}"
+    )
+    args = profile.pipeline.args()
+    conf = dict(args[i + 1].split("=", 1) for i, word in enumerate(args) if word == "--conf")
+    assert conf["spark.driver.host"] == service["hostname"], "executors connect back to the harness's driver"
+    assert profile.pipeline.shuffle_partitions >= sum(
+        int(flag(command(w), "--cores")) * replicas(w) for w in spark_daemons(".Worker").values()
+    )
+    # The run directory (ledger, the pipeline's checkpoint and output, the report) is under the working directory,
+    # which must be the same volume at the same path on every worker that runs the pipeline's tasks.
+    work = Path(service["working_dir"])
+    volume = mounts(service)[str(work)]
+    assert volume in COMPOSE["volumes"]
+    for name, worker in spark_daemons(".Worker").items():
+        assert mounts(worker).get(str(work)) == volume, f"{name} must mount {volume} at {work}"
+    waits = {k for k, v in service["depends_on"].items() if v["condition"] == "service_healthy"}
+    assert set(KAFKA) | set(spark_daemons("")) <= waits

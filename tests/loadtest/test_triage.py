@@ -121,3 +121,25 @@ def test_a_copy_acknowledged_without_an_offset_is_looked_for_between_its_neighbo
     assert (in_kafka.layer, in_kafka.delivered, in_kafka.in_kafka) == ("pipeline", True, True)
     assert "@2" in in_kafka.detail
     assert (lost.layer, lost.delivered, lost.in_kafka) == ("broker", True, False)
+
+
+def test_a_sessions_damage_from_messages_the_broker_lost_is_blamed_on_the_broker(
+    tmp_path: Path, kafka: KafkaConfig, unique_prefix: Callable[[], str]
+) -> None:
+    spec = SessionSpec(session="s1", sensor=f"{unique_prefix()}1")
+    ensure_topics(kafka, {spec.topic: 1})
+    # Acknowledged at offsets 0-4, but the broker kept only seqs 0, 1, 3, 4 (seq 2 is gone).
+    assert produce(kafka, spec.topic, [spec.value(s) for s in (0, 1, 3, 4)], b"s1") == [0, 1, 2, 3]
+    run = tmp_path / "run"
+    write_run(run, ledger_rows(spec, [(s, "none") for s in range(5)]), [spec])
+    # The pipeline applied all it could read; its table cannot be the truth without seq 2.
+    out = Output().apply(spec, 0, 1, 3, 4).session(spec, "ok", applied=[0, 1, 3, 4])
+    expectation = build_expectation(Policy("none"), read_ledger(run), read_truth(run))
+    with Triager(expectation.ledger, kafka) as triager:
+        result = verify(expectation, read_output(out.write(tmp_path / "out")), triager)
+
+    kinds = {d.kind: d.triage.layer for d in result.discrepancies if d.triage is not None}
+    assert kinds.get("lost_row") == "broker"
+    session_level = {k: v for k, v in kinds.items() if k not in ("lost_row", "missing_session")}
+    assert session_level and set(session_level.values()) == {"broker"}, kinds
+    assert "pipeline" not in result.blame

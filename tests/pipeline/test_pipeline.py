@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -181,10 +182,19 @@ def test_a_killed_pipeline_restarts_without_losing_or_repeating_output(spark, ka
         "--output", str(where / "output"), "--checkpoint", str(where / "checkpoint"),
         "--max-offsets-per-trigger", "1500", "--trigger", "200ms", "-q",
     ]  # fmt: skip
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     commits = where / "output" / "_commits"
+    kill_mid_run_then_drain(argv, lambda: len(list(commits.glob("*.json"))) >= 3)
+
+    for name in ("changes", "sessions", "integrity", "dead_letters"):
+        assert canon(rows_of(where / "output", name)) == canon(rows_of(reference.output, name)), name
+
+
+def kill_mid_run_then_drain(argv: list[str], written: Callable[[], bool]) -> None:
+    """Start ``sotw pipeline`` (``argv`` ending in ``--max-offsets-per-trigger N --trigger X -q``), SIGKILL its
+    whole process tree once ``written()`` holds, then run it again with ``availableNow`` until it has drained."""
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and len(list(commits.glob("*.json"))) < 3 and proc.poll() is None:
+    while time.monotonic() < deadline and not written() and proc.poll() is None:
         time.sleep(0.05)
     assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
     family = psutil.Process(proc.pid).children(recursive=True)  # the JVM and its Python workers
@@ -195,9 +205,6 @@ def test_a_killed_pipeline_restarts_without_losing_or_repeating_output(spark, ka
     proc.wait()
     done = subprocess.run([*argv[:-5], "--trigger", "availableNow", "-q"], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-
-    for name in ("changes", "sessions", "integrity", "dead_letters"):
-        assert canon(rows_of(where / "output", name)) == canon(rows_of(reference.output, name)), name
 
 
 def produce(kafka, topic: str, messages: list[tuple[str, bytes]]) -> None:

@@ -1,0 +1,114 @@
+r"""The pipeline many teams write first: a PySpark job that keeps each session's current rows, and gets them wrong.
+
+It reads the sensor topics, and in ``foreachBatch`` applies every message as it comes: the last write wins
+per row id. It does not order a session's messages by ``seq``, does not drop a copy it has already applied,
+and treats a snapshot as a batch of upserts. Without faults that is right, so sotw's harness passes it; with
+the faults a real producer and network bring (a message delayed past later ones, a copy sent again later)
+an old value overwrites a newer one, and the harness fails it, naming each wrong row, its session and the
+faults that met it (docs/own-pipeline.md). It is here to show the harness judging, not to copy.
+
+It writes the tables contract as Parquet: ``OUT/part-<batch>.parquet``, one file with every session's
+current rows (``session``, ``sensor``, ``row_id`` and the row's columns), replaced by each batch.
+
+Run it under the harness::
+
+    sotw run --profile smoke --contract tables --pipeline-cmd \\
+      '{python} examples/naive_pipeline.py --bootstrap {bootstrap} --topics {pattern} --out {output} \\
+       --checkpoint {checkpoint} --trigger-ms {trigger_ms}'
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import threading
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+
+def parse_args() -> argparse.Namespace:
+    """The job's flags (the harness fills them in from its --pipeline-cmd template)."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--bootstrap", required=True, help="Kafka bootstrap address")
+    p.add_argument("--topics", required=True, help="topic regex")
+    p.add_argument("--out", type=Path, required=True, help="output directory")
+    p.add_argument("--checkpoint", type=Path, required=True, help="Spark checkpoint directory")
+    p.add_argument("--trigger-ms", type=int, default=1000, help="micro-batch interval in ms (1000)")
+    return p.parse_args()
+
+
+class LastWriteWins:
+    """The ``foreachBatch`` function: every message applied in the order it is read."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        self.table: dict[tuple[str, int], dict[str, Any]] = {}
+        out.mkdir(parents=True, exist_ok=True)
+        current = sorted(out.glob("part-*.parquet"))
+        if current:
+            for row in pd.read_parquet(current[-1]).to_dict("records"):
+                self.table[(row["session"], int(row["row_id"]))] = row
+
+    def __call__(self, batch: Any, batch_id: int) -> None:
+        """Apply one micro-batch."""
+        for record in batch.select("value").collect():
+            try:
+                msg = json.loads(record["value"])
+                kind, session, sensor = msg["kind"], msg["session"], msg["sensor"]
+            except (ValueError, KeyError, TypeError):
+                continue  # not JSON, or not a sensor message: skip it
+            if kind == "snapshot":
+                for row in msg["rows"]:
+                    self.table[(session, row["id"])] = _flat(session, sensor, row)
+            elif kind == "update" and msg.get("op") == "delete":
+                self.table.pop((session, msg["row"]["id"]), None)
+            elif kind == "update":
+                self.table[(session, msg["row"]["id"])] = _flat(session, sensor, msg["row"])
+        frame = pd.DataFrame(list(self.table.values()))
+        path = self.out / f"part-{batch_id:08d}.parquet"
+        frame.to_parquet(self.out / f".{path.name}.tmp", index=False)
+        os.replace(self.out / f".{path.name}.tmp", path)
+        for old in self.out.glob("part-*.parquet"):
+            if old != path:
+                old.unlink()
+
+
+def _flat(session: str, sensor: str, row: dict[str, Any]) -> dict[str, Any]:
+    columns = {k: v for k, v in row.items() if k != "id"}
+    return {"session": session, "sensor": sensor, "row_id": row["id"], **columns}
+
+
+def main() -> None:
+    """Run until SIGTERM or Ctrl-C, then stop the query cleanly."""
+    args = parse_args()
+    from pipeline.spark import build_session  # a local session with the sotw-kafka source registered
+
+    spark = build_session(app_name="naive-pipeline")
+    stream = (
+        spark.readStream.format("sotw-kafka")  # Spark's own connector: .format("kafka"), the same options
+        .option("kafka.bootstrap.servers", args.bootstrap)
+        .option("subscribePattern", args.topics)
+        .option("startingOffsets", "earliest")
+        .load()
+    )
+    query = (
+        stream.writeStream.foreachBatch(LastWriteWins(args.out))
+        .option("checkpointLocation", str(args.checkpoint))
+        .trigger(processingTime=f"{args.trigger_ms} milliseconds")
+        .start()
+    )
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    while not stop.is_set() and not query.awaitTermination(0.5):
+        pass
+    query.stop()
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main()

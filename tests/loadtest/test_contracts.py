@@ -1,0 +1,164 @@
+"""The tables contract and Delta output against hand-built ledgers and truth, read as the verifier reads them."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from deltalake import CommitProperties, Transaction, write_deltalake
+
+from loadtest.contracts import OutputSpec, read_tables, tables_end_to_end
+from loadtest.errors import HarnessError
+from loadtest.expect import Policy, read_ledger, read_truth
+from loadtest.verify import end_to_end_of, read_output, verify_run
+from tests.loadtest.builders import T0, Output, SessionSpec, ledger_rows, write_run
+
+CLEAN = [(s, "none") for s in range(7)]
+
+
+def write_truth(run: Path, ledger: list, specs: list[SessionSpec]) -> Path:
+    write_run(run, ledger, specs)
+    rows = [
+        {"sensor": s.sensor, "session": s.session, "id": i, "values": json.dumps(r, sort_keys=True)}
+        for s in specs
+        for i, r in s.table().items()
+    ]
+    (run / "truth" / "tables").mkdir(parents=True)
+    pq.write_table(pa.Table.from_pylist(rows), run / "truth" / "tables" / "part-00000.parquet")
+    return run
+
+
+def table_rows(spec: SessionSpec, seqs: list[int] | None = None, **extra: Any) -> list[dict[str, Any]]:
+    """The session's rows as a team's job writes them: one per row, the row's columns as columns."""
+    return [
+        {
+            "session": spec.session,
+            "sensor": spec.sensor,
+            "row_id": i,
+            "value": r["value"],
+            "unit": r["unit"],
+            **extra,
+        }
+        for i, r in spec.table(seqs).items()
+    ]
+
+
+def judge(tmp_path: Path, ledger: list, specs: list[SessionSpec], rows: list[dict[str, Any]]):
+    run = write_truth(tmp_path / "run", ledger, specs)
+    out = tmp_path / "out"
+    out.mkdir()
+    pq.write_table(pa.Table.from_pylist(rows), out / "part-0.parquet")
+    return verify_run(run, OutputSpec(out, "tables"), Policy("ordered"))
+
+
+def test_the_true_tables_pass_under_the_tables_contract(tmp_path: Path) -> None:
+    spec = SessionSpec()
+    result = judge(tmp_path, ledger_rows(spec, CLEAN), [spec], table_rows(spec))
+
+    assert result.passed, result.reasons
+    assert (result.contract, result.output_format) == ("tables", "parquet")
+    assert (result.sessions_exact, result.sessions_exact_required, result.rows_expected) == (1, 1, 3)
+
+
+def test_an_old_value_a_delayed_message_brought_back_is_a_wrong_row_naming_the_fault(tmp_path: Path) -> None:
+    # seq 1 (row 1 = 10) reached Kafka after seq 5 (row 1 = 50): applied as it came, row 1 ends at 10.
+    spec = SessionSpec()
+    arrivals = [(0, "none"), (2, "none"), (3, "none"), (4, "none"), (5, "none"), (1, "delayed"), (6, "none")]
+    stale = table_rows(spec)
+    stale[0]["value"] = 10
+    result = judge(tmp_path, ledger_rows(spec, arrivals), [spec], stale)
+
+    assert not result.passed and result.rows_wrong == 1
+    (wrong,) = result.discrepancies
+    assert (wrong.kind, wrong.session, wrong.sensor) == ("wrong_row", "s1", "0001")
+    assert "row 1" in wrong.detail and "seq 1 delayed" in wrong.detail
+    assert wrong.triage is not None and wrong.triage.layer == "pipeline"
+
+
+def test_missing_extra_and_repeated_rows_are_each_counted(tmp_path: Path) -> None:
+    spec = SessionSpec()
+    rows = table_rows(spec)  # rows 1, 2, 4
+    rows = [r for r in rows if r["row_id"] != 2]  # row 2 missing
+    rows.append({"session": "s1", "sensor": "0001", "row_id": 3, "value": 3, "unit": "C"})  # deleted at seq 4
+    rows.append(dict(rows[0]))  # row 1 twice
+    result = judge(tmp_path, ledger_rows(spec, CLEAN), [spec], rows)
+
+    assert (result.rows_lost, result.rows_unexpected, result.rows_repeated) == (1, 1, 1)
+    assert set(result.discrepancy_counts) == {"missing_row", "extra_row", "repeated_row"}
+
+
+def test_tombstones_are_not_rows_and_a_session_that_lost_a_message_upstream_is_not_judged(
+    tmp_path: Path,
+) -> None:
+    good, gapped = SessionSpec(), SessionSpec(session="s2", sensor="0002")
+    ledger = ledger_rows(good, CLEAN) + ledger_rows(
+        gapped, [(s, "none") for s in (0, 1, 2, 4, 5, 6)], {3: "gap"}
+    )
+    rows = table_rows(good, deleted=False) + [
+        {"session": "s1", "sensor": "0001", "row_id": 3, "value": None, "unit": None, "deleted": True},
+        {"session": "s2", "sensor": "0002", "row_id": 9, "value": 1, "unit": "C", "deleted": False},
+    ]
+    result = judge(tmp_path, ledger, [good, gapped], rows)
+
+    assert result.passed, result.reasons
+    assert (result.sessions_not_judged, result.sessions_exact_required) == (1, 1)
+
+
+def test_a_table_without_the_contract_columns_is_refused_naming_them(tmp_path: Path) -> None:
+    spec = SessionSpec()
+    rows = [{"key": spec.session, "value": 1}]
+    with pytest.raises(HarnessError, match=r"`session` \(or `sensor`\).*\['key', 'value'\]"):
+        judge(tmp_path, ledger_rows(spec, CLEAN), [spec], rows)
+
+
+def test_a_delta_table_is_detected_and_dated_by_its_commits(tmp_path: Path) -> None:
+    spec = SessionSpec()
+    run = write_truth(tmp_path / "run", ledger_rows(spec, CLEAN), [spec])
+    table = tmp_path / "table"
+    rows = [{**r, "seq": 5 if r["row_id"] == 1 else 0} for r in table_rows(spec, [0, 1, 2, 3, 4])]
+    rows = [r for r in rows if r["row_id"] != 1] + [{**table_rows(spec)[0], "seq": 5}]
+    write_deltalake(
+        str(table),
+        pa.Table.from_pylist(rows),
+        commit_properties=CommitProperties(app_transactions=[Transaction("q", 0)]),
+    )
+
+    result = verify_run(run, OutputSpec(table, "tables"), Policy("ordered"))
+    assert result.passed, result.reasons
+    assert result.output_format == "delta" and result.latency_source == "Delta commit timestamps"
+    latency = tables_end_to_end(read_ledger(run), read_tables(OutputSpec(table, "tables")))
+    assert sorted(latency["seq"]) == [0, 5]  # one latency per message that set a final row
+    assert (latency["latency_ms"] > 0).all()
+
+
+def test_sotw_s_full_output_as_delta_tables_reads_like_the_parquet_one(tmp_path: Path) -> None:
+    spec = SessionSpec()
+    parquet = (
+        Output(batches={0: T0 + 6000}).apply(spec, *range(6)).session(spec, "ok").write(tmp_path / "parquet")
+    )
+    delta = tmp_path / "delta"
+    for name in ("changes", "sessions"):
+        rows = pq.read_table(parquet / name, partitioning="hive").to_pylist()
+        rows = [{**r, "sensor": str(r["sensor"]), "date": str(r["date"])} for r in rows]
+        write_deltalake(
+            str(delta / name),
+            pa.Table.from_pylist(rows),
+            partition_by=["sensor", "date"],
+            commit_properties=CommitProperties(app_transactions=[Transaction("query", 0)]),
+        )
+    run = tmp_path / "run"
+    write_run(run, ledger_rows(spec, CLEAN), [spec])
+
+    got, want = read_output(delta), read_output(parquet)
+    assert len(got.changes) == len(want.changes) and list(got.commits) == [0]
+    result = verify_run(run, delta, Policy("ordered"))
+    assert result.passed, result.reasons
+    assert result.output_format == "delta" and result.latency_source == "Delta commit timestamps"
+    e2e = end_to_end_of(read_ledger(run), OutputSpec(delta))
+    assert len(e2e) == 6 and not e2e["latency_ms"].isna().any()
+    assert not math.isnan(read_truth(run)["rows"].sum())

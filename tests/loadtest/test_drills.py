@@ -1,0 +1,234 @@
+"""Game-day drills against the real broker, pipeline and simulator: every incident kind, and scorecards that fail.
+
+Each drill here is a short form of a shipped one, on the ``smoke`` profile, with recovery bounds wide enough for a
+busy 2-core CI machine (a Spark restart alone takes 10-30 s there); the shipped drills' own bounds are checked by
+running them (docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from loadtest.cli import run_drill
+from loadtest.drills import Drill, drill_from_mapping, load_drill, shipped
+from loadtest.errors import HarnessError
+from loadtest.results import Results
+
+
+def drill(text: str, name: str = "test") -> Drill:
+    return drill_from_mapping(name, tomllib.loads(text))
+
+
+def checks(results: Results) -> dict[str, bool]:
+    assert results.drill is not None
+    return {c.name: c.met for c in results.drill.checks}
+
+
+def incident(results: Results, label: str):
+    return next(i for i in results.incidents if i.label == label)
+
+
+EVERY_KIND_BUT_THE_BROKERS_DATA = """
+[drill]
+description = "one run, one of each incident the pipeline must ride out"
+profile = "smoke"
+load = "1x"
+run = { warmup_s = 3, steady_s = 125, max_lag_s = 600, drain_max_s = 300 }
+
+[[incidents]]
+kind = "faults"
+at_s = 2
+sensors = ["0001"]
+faults = { gap = 0.02 }
+duration_s = 10
+
+[[incidents]]
+kind = "sensor_storm"
+at_s = 4
+sensors = 2
+
+[[incidents]]
+kind = "load"
+at_s = 6
+factor = 3
+duration_s = 6
+
+[[incidents]]
+kind = "pipeline_kill"
+at_s = 14
+restart_after_s = 2
+
+[[incidents]]
+kind = "pipeline_restart"
+at_s = 40
+downtime_s = 1
+settings = { trigger = "2s" }
+
+[[incidents]]
+kind = "broker_pause"
+at_s = 75
+duration_s = 4
+
+[[incidents]]
+kind = "cpu_hog"
+at_s = 85
+duration_s = 5
+
+[[incidents]]
+kind = "checkpoint_stall"
+at_s = 95
+duration_s = 5
+
+[expect]
+stopped = false
+rows_lost = 0
+rows_repeated = 0
+correct = true
+recover_s = 90
+"""
+
+
+def test_every_incident_kind_but_data_loss_is_ridden_out_with_nothing_lost_or_repeated(tmp_path: Path):
+    results = run_drill(drill(EVERY_KIND_BUT_THE_BROKERS_DATA), tmp_path / "run", None)
+
+    assert results.drill is not None and results.drill.passed, results.drill
+    kinds = [i.kind for i in results.incidents]
+    assert kinds == [
+        "faults", "sensor_storm", "load", "pipeline_kill", "pipeline_restart", "broker_pause", "cpu_hog",
+        "checkpoint_stall",
+    ]  # fmt: skip
+    assert all(i.error is None and i.end_ms >= i.start_ms > 0 for i in results.incidents)
+    kill = incident(results, "pipeline_kill")
+    assert kill.detect_s is not None and kill.peak_lag_age_s > 0  # killing the pipeline shows as lag
+    assert "pipeline restarted on the same checkpoint" in kill.notes
+    # The per-sensor fault window reached the simulator: its gaps are in the ledger and were detected.
+    assert results.correctness is not None
+    assert any(f.kind == "gap" and f.injected > 0 and f.recall == 1.0 for f in results.correctness.faults)
+    html = (tmp_path / "run" / "results.json").read_text()
+    assert '"drill"' in html and '"incidents"' in html
+
+
+def test_a_durable_broker_restarted_mid_run_loses_nothing(tmp_path: Path):
+    results = run_drill(
+        drill(
+            """
+[drill]
+description = "the durable broker restarts mid-run"
+profile = "smoke"
+broker = "durable"
+simulator = { producer = { "linger.ms" = "500" } }
+run = { warmup_s = 3, steady_s = 40, max_lag_s = 600, drain_max_s = 300 }
+[[incidents]]
+kind = "broker_restart"
+at_s = 5
+downtime_s = 3
+[expect]
+stopped = false
+rows_lost = 0
+rows_repeated = 0
+correct = true
+recover_s = 60
+"""
+        ),
+        tmp_path / "run",
+        None,
+    )
+    assert results.drill is not None and results.drill.passed, results.drill
+    restart = incident(results, "broker_restart")
+    assert 3.0 <= (restart.end_ms - restart.start_ms) / 1000 < 30
+
+
+def test_broker_data_loss_under_strict_stops_the_pipeline_within_two_triggers_naming_the_partition(
+    tmp_path: Path,
+):
+    results = run_drill(
+        drill(
+            """
+[drill]
+description = "data loss under strict"
+profile = "smoke"
+simulator = { faults = {} }
+pipeline = { policy = "strict", fail_on_data_loss = true }
+run = { warmup_s = 3, steady_s = 30, max_lag_s = 600, drain_max_s = 120 }
+[[incidents]]
+kind = "broker_data_loss"
+at_s = 5
+downtime_s = 1
+[expect]
+stopped = true
+stop_within_triggers = 2
+stop_message = ["Kafka data lost", "topic '[^']+' partition \\\\d+ offsets (\\\\[\\\\d+, \\\\d+\\\\)|from \\\\d+ on)"]
+"""
+        ),
+        tmp_path / "run",
+        None,
+    )
+    assert results.drill is not None and results.drill.passed, results.drill
+    assert results.pipeline_stop is not None and "failOnDataLoss" in results.pipeline_stop
+
+
+def test_a_sabotaged_pipeline_fails_its_kill_drill_on_the_rows_it_lost(tmp_path: Path):
+    results = run_drill(
+        drill(
+            """
+[drill]
+description = "a pipeline that commits batch 3 without its rows, killed and restarted"
+profile = "smoke"
+pipeline = { extra_args = ["--drop-batch", "3"] }
+run = { warmup_s = 3, steady_s = 20, max_lag_s = 600, drain_max_s = 300 }
+[[incidents]]
+kind = "pipeline_kill"
+at_s = 3
+restart_after_s = 1
+[expect]
+rows_lost = 0
+correct = true
+stopped = false
+"""
+        ),
+        tmp_path / "run",
+        None,
+    )
+    assert results.drill is not None and not results.drill.passed
+    assert checks(results) == {"rows_lost": False, "correct": False, "stopped": True}
+    assert results.correctness is not None and results.correctness.blame.get("pipeline", 0) > 0
+
+
+def test_every_shipped_drill_reads_and_names_its_expectations():
+    names = set(shipped())
+    assert {"pipeline-kill-1x", "pipeline-kill-10x", "deploy", "broker-freeze", "broker-restart",
+            "broker-data-loss-strict", "broker-data-loss-ordered", "burst-10x", "checkpoint-stall"} <= names  # fmt: skip
+    for name in names:
+        d = load_drill(name)
+        assert d.description and d.incidents and d.expect, name
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[drill]\nprofile='smoke'\n[[incidents]]\nkind='meteor'\n", "kind must be one of .*pipeline_kill"),
+        (
+            "[drill]\nprofile='smoke'\n[[incidents]]\nkind='broker_pause'\nforever=1\n",
+            "has no parameter 'forever'",
+        ),
+        ("[drill]\nprofile='smoke'\n[expect]\nhappy=true\n", "unknown expectation 'happy'"),
+        ("[drill]\n[expect]\nrows_lost=0\n", "needs a profile"),
+        ("[drill]\nprofile='smoke'\nbroker='postgres'\n", "broker must be one of memory, durable"),
+        ("[drill]\nprofile='smoke'\n[[incidents]]\nkind='load'\nat_s=1\n", "exactly one of factor"),
+    ],
+)
+def test_a_bad_drill_file_is_refused_naming_the_problem(text: str, message: str):
+    with pytest.raises(HarnessError, match=message):
+        drill(text)
+
+
+def test_incidents_that_outlast_the_steady_phase_are_refused_before_anything_starts(tmp_path: Path):
+    too_long = drill(
+        "[drill]\nprofile='smoke'\nrun={steady_s=10}\n[[incidents]]\nkind='broker_pause'\nat_s=5\nduration_s=8\n"
+    )
+    with pytest.raises(HarnessError, match=r"steady phase \(10 s\) must outlast the incidents \(13 s\)"):
+        run_drill(too_long, tmp_path / "run", None)
+    assert not (tmp_path / "run").exists() or not any((tmp_path / "run").iterdir())
