@@ -18,10 +18,7 @@ greenlet.
 
 from __future__ import annotations
 
-import csv
 import dataclasses
-import html
-import json
 import logging
 import time
 from collections import deque
@@ -33,13 +30,12 @@ from typing import Any
 import gevent
 from gevent.event import AsyncResult, Event
 
-from loadtest.childproc import Child
 from loadtest.driver import ProcessSide
 from loadtest.errors import HarnessError
 from loadtest.fleetplan import LiveConfig, load_of, part_config, users_for
-from loadtest.gates import EXIT_CODE, Gates
+from loadtest.headless import EXIT_CODE, Gates, add_to_html, write_csvs
 from loadtest.incidents import incident_from_mapping
-from loadtest.lines import plain
+from loadtest.lines import Child, plain
 from loadtest.liveverify import fault_rows
 from loadtest.results import Results
 from loadtest.shapes import Shape
@@ -538,9 +534,10 @@ class Conductor:
         if results is None or run is None:
             return
         if self.settings.csv_prefix:
-            write_csvs(results, run, self.settings.csv_prefix)
+            write_csvs(results, Path(run.run_dir), run.latency, self.settings.csv_prefix)
         if self.settings.html_file and Path(self.settings.html_file).is_file():
-            add_to_html(Path(self.settings.html_file), results, run)
+            report = Path(run.verdict["report"]) if run.verdict.get("report") else None
+            add_to_html(Path(self.settings.html_file), results, run.topics, run.latency, report)
 
     # ------------------------------------------------------------------------------------------- UI
 
@@ -599,122 +596,3 @@ INCIDENT_DEFAULTS: dict[str, dict[str, Any]] = {
     "cpu_hog": {"duration_s": 20.0, "cores": 1},
     "checkpoint_stall": {"duration_s": 10.0},
 }
-
-
-def summary_rows(results: Results) -> list[list[Any]]:
-    """The run's figures as CSV rows: name, scope, value, unit (verdict and correctness first)."""
-    rows: list[list[Any]] = [["verdict", "run", results.verdict.verdict, ""]]
-    rows += [["verdict_reason", "run", reason, ""] for reason in results.verdict.reasons]
-    c = results.correctness
-    if c is not None:
-        rows.append(["correct", "run", c.passed, ""])
-        for name in (
-            "sessions_expected",
-            "sessions_exact",
-            "sessions_exact_required",
-            "rows_expected",
-            "rows_written",
-            "rows_lost",
-            "rows_repeated",
-            "rows_unexpected",
-        ):
-            rows.append([name, "run", getattr(c, name), "sessions" if "sessions" in name else "rows"])
-        rows += [[f"blame_{layer}", "run", n, "discrepancies"] for layer, n in sorted(c.blame.items())]
-    rows += [[f.name, f.scope, f.value, f.unit] for f in results.summary]
-    return rows
-
-
-HISTORY_COLUMNS = (
-    "ts",
-    "phase",
-    "users",
-    "load",
-    "sent",
-    "acked",
-    "consumed",
-    "lag_offsets",
-    "lag_max_partition",
-    "lag_age_s",
-    "batches",
-    "batch_duration_ms",
-    "cpu_harness",
-    "cpu_simulator",
-    "cpu_pipeline",
-    "cpu_broker",
-)
-
-
-def write_csvs(results: Results, run: RunView, prefix: str) -> list[Path]:
-    """``PREFIX_sotw.csv`` (figures), ``PREFIX_sotw_history.csv`` (per second), ``PREFIX_sotw_latency.csv``."""
-    base = Path(prefix)
-    base.parent.mkdir(parents=True, exist_ok=True)
-    figures_path = base.with_name(base.name + "_sotw.csv")
-    with figures_path.open("w", newline="") as out:
-        writer = csv.writer(out)
-        writer.writerow(["name", "scope", "value", "unit"])
-        writer.writerows(summary_rows(results))
-    history_path = base.with_name(base.name + "_sotw_history.csv")
-    samples = Path(run.run_dir) / "samples.jsonl"
-    with history_path.open("w", newline="") as out:
-        writer = csv.writer(out)
-        writer.writerow(HISTORY_COLUMNS)
-        if samples.is_file():
-            for line in samples.read_text().splitlines():
-                row = json.loads(line)
-                writer.writerow([row.get(c, "") for c in HISTORY_COLUMNS])
-    latency_path = base.with_name(base.name + "_sotw_latency.csv")
-    with latency_path.open("w", newline="") as out:
-        writer = csv.writer(out)
-        writer.writerow(["window_start_ms", "count", "p50_ms", "p90_ms", "p99_ms", "max_ms"])
-        for w in run.latency:
-            writer.writerow([w["t_ms"], w["count"], w["p50"], w["p90"], w["p99"], w["max"]])
-    return [figures_path, history_path, latency_path]
-
-
-def add_to_html(path: Path, results: Results, run: RunView) -> None:
-    """Put sotw's verdict, figures and live tables into Locust's HTML report, before its ``</body>``."""
-    report = Path(run.verdict.get("report", "")) if run.verdict else None
-
-    def table(title: str, header: list[str], rows: list[list[Any]]) -> str:
-        head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
-        body = "".join(
-            "<tr>" + "".join(f"<td>{html.escape(_cell(v))}</td>" for v in row) + "</tr>" for row in rows
-        )
-        return (
-            f"<h3>{html.escape(title)}</h3><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-        )
-
-    lag_rows = [[t["topic"], t["offsets"], t["age_s"]] for t in run.topics]
-    latency_rows = [
-        [
-            time.strftime("%H:%M:%S", time.localtime(w["t_ms"] / 1000)),
-            w["count"],
-            w["p50"],
-            w["p99"],
-            w["max"],
-        ]
-        for w in run.latency
-    ]
-    section = (
-        '<section id="sotw" style="font-family:sans-serif;margin:2em;max-width:1100px">'
-        f"<h2>sotw: {html.escape(results.verdict.verdict)}</h2>"
-        + "".join(f"<p>{html.escape(r)}</p>" for r in results.verdict.reasons)
-        + (f"<p>Full report: {html.escape(str(report))}</p>" if report else "")
-        + table("Figures and correctness", ["name", "scope", "value", "unit"], summary_rows(results))
-        + table("Consumer lag by topic (at the end)", ["topic", "offsets", "age (s)"], lag_rows)
-        + table(
-            "End-to-end latency by 5 s of commit time (ms)",
-            ["window", "messages", "p50", "p99", "max"],
-            latency_rows,
-        )
-        + "</section>"
-    )
-    text = path.read_text(encoding="utf-8")
-    at = text.rfind("</body>")
-    path.write_text(text[:at] + section + text[at:] if at >= 0 else text + section, encoding="utf-8")
-
-
-def _cell(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:,.3f}".rstrip("0").rstrip(".") if value == value else "-"
-    return str(value)

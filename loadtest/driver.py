@@ -24,9 +24,9 @@ from typing import Any
 from gevent.event import Event
 from locust.stats import StatsError, bucket_response_time
 
-from loadtest.childproc import Child
 from loadtest.feeder import FeederConfig
 from loadtest.fleetplan import process_factor
+from loadtest.lines import Child
 
 log = logging.getLogger(__name__)
 

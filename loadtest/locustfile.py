@@ -39,7 +39,7 @@ from locust.runners import LocalRunner, MasterRunner, WorkerRunner
 from loadtest.conductor import ASSIGN, CONTROL, STATS, STOP, STOPPED, Conductor, LocustSettings
 from loadtest.driver import ProcessSide, count_aggregated
 from loadtest.fleetplan import USERS_PER_X, LiveConfig, users_for
-from loadtest.gates import Gates
+from loadtest.headless import Gates
 from loadtest.profile import parse_load
 from loadtest.shapes import SHAPES, make_shape
 from loadtest.webui import install

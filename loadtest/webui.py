@@ -27,7 +27,8 @@ from typing import Any
 
 from flask import Blueprint, Response, jsonify, make_response, request
 
-from loadtest.conductor import Conductor, summary_rows
+from loadtest.conductor import Conductor
+from loadtest.headless import summary_rows
 from sotw.errors import SotwError
 
 ASSETS = Path(__file__).with_name("webui")
