@@ -308,6 +308,10 @@ def test_locust_master_serves_the_web_ui_on_8089_and_workers_connect_to_it() -> 
         )
         assert replicas(worker) >= 1
         assert worker["depends_on"][master_name]["condition"] == "service_healthy"
+        # The master verifies the union of the workers' ledgers, written under its --run-dir.
+        run_dir = flag(command(master), "--run-dir")
+        shared = [v.split(":")[1] for v in worker.get("volumes", []) if v.split(":")[0] in ("runs",)]
+        assert any(run_dir.startswith(mount) for mount in shared), f"{name} must mount the master's {run_dir}"
 
 
 @pytest.mark.parametrize("service_name", sorted(by_program("locust")))
