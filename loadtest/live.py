@@ -43,12 +43,12 @@ from loadtest.fleetplan import LiveConfig
 from loadtest.incidents import Incident, IncidentRecord, Schedule, incident_from_mapping
 from loadtest.lines import Events, commands
 from loadtest.liveverify import LiveVerifier
-from loadtest.processes import PipelineProcess, PipelineProcessConfig
+from loadtest.processes import AttachedPipeline, PipelineProcess, PipelineProcessConfig
 from loadtest.profile import Profile
 from loadtest.recovery import Stop
 from loadtest.report import write_report
 from loadtest.results import Correctness, Results
-from loadtest.runner import _Clock, _data_loss_reports, _drain, _pipeline_warm, _settle
+from loadtest.runner import _apply_schedule, _Clock, _data_loss_reports, _drain, _pipeline_warm, _settle
 from loadtest.samplers import KafkaLagProbe, OutputProbe, ProgressProbe, ResourceProbe, Sampler
 from loadtest.stage import EmbeddedControl, RunStage
 from loadtest.triage import Triager
@@ -131,22 +131,6 @@ class FleetRelay:
             "load": load,
             "users": users,
         }
-
-
-class ExternalPipeline(PipelineProcess):
-    """A pipeline this session did not start (``--no-pipeline``): assumed running, not to be touched."""
-
-    def alive(self) -> bool:
-        """Assumed running: its health is seen in the lag."""
-        return True
-
-    def tail(self, lines: int = 5) -> str:
-        """Its log is not ours."""
-        return ""
-
-    def stop(self, timeout: float = 60.0) -> int | None:
-        """Left running."""
-        return None
 
 
 class LocustStage(RunStage):
@@ -240,7 +224,7 @@ class Run:
             session.control,
             self.profile,
             1.0,
-            external=isinstance(session.pipeline, ExternalPipeline),
+            external=isinstance(session.pipeline, AttachedPipeline),
         )
         self._lock = threading.Lock()
         self.schedules: list[Schedule] = []
@@ -312,7 +296,7 @@ class Run:
         sent, applied = 0, set[int]()
         while not self._ended.wait(0.25):
             elapsed = time.monotonic() - begun
-            self._apply_fault_windows(elapsed, applied)
+            _apply_schedule(self.profile, self.relay, elapsed, applied)
             if self.clock.current == "warmup" and elapsed >= settings.warmup_s:
                 if _pipeline_warm(self.sampler, elapsed, settings) and not self.relay.stopping:
                     self._enter_steady()
@@ -335,16 +319,6 @@ class Run:
         self.events.send("phase", name="steady", at_ms=int(time.time() * 1000))
         if self.profile.incidents:
             self._schedule(self.profile.incidents)
-
-    def _apply_fault_windows(self, elapsed: float, applied: set[int]) -> None:
-        """The profile's fault windows, by time since the load started (each edge once), as ``sotw run``."""
-        for i, window in enumerate(self.profile.schedule):
-            if elapsed >= window.start_s and 2 * i not in applied:
-                applied.add(2 * i)
-                self.relay.set_faults(window.faults)
-            if elapsed >= window.end_s and 2 * i + 1 not in applied:
-                applied.add(2 * i + 1)
-                self.relay.set_faults(self.profile.simulator.faults)
 
     def _check_pipeline(self) -> None:
         pipe = self.session.pipeline
@@ -552,7 +526,7 @@ class Session:
             self.pipeline.start()
             self.pipeline.wait_ready(profile.run.pipeline_start_timeout_s)
         elif self.output is not None and self.checkpoint is not None:
-            self.pipeline = ExternalPipeline(
+            self.pipeline = AttachedPipeline(
                 PipelineProcessConfig(self.kafka.bootstrap, self.output, self.checkpoint),
                 log_path=self.dir / "pipeline.log",
             )
@@ -623,7 +597,7 @@ class Session:
             self.finisher.join(120)
         if self.run is not None and self.run.sampler.is_alive():
             self.run.sampler.stop()
-        if self.pipeline is not None and not isinstance(self.pipeline, ExternalPipeline):
+        if self.pipeline is not None and not isinstance(self.pipeline, AttachedPipeline):
             self.pipeline.stop()
         self.stack.close()
 
