@@ -217,6 +217,10 @@ class Conductor:
         elif kind == "starting":
             self.say(f"starting {event.get('what')}")
         elif kind == "run":
+            # The run's view exists before its first phase event, which follows on the same stream.
+            self.run = RunView(
+                int(event["index"]), str(event["run_dir"]), str(event["prefix"]), int(time.time() * 1000)
+            )
             self._run_started.set(event)
         elif kind == "phase" and run is not None:
             run.phase = str(event["name"])
@@ -280,10 +284,8 @@ class Conductor:
         self._run_started = AsyncResult()
         self.results = None
         self.live.send("begin")
-        started = self._run_started.get(timeout=60)
-        self.run = RunView(
-            int(started["index"]), str(started["run_dir"]), str(started["prefix"]), int(time.time() * 1000)
-        )
+        self._run_started.get(timeout=60)
+        assert self.run is not None
         self.parts = {}
         runner = self.env.runner
         if self.side is not None:

@@ -547,8 +547,8 @@ class Session:
             )
         self._runs += 1
         self.run = Run(self, f"run-{self._runs}")
-        self.run.begin()
         self.events.send("run", run_dir=str(self.run.run_dir), prefix=self.run.prefix, index=self._runs)
+        self.run.begin()  # its first event (the warm-up phase) comes after the run's
 
     def handle(self, command: Mapping[str, Any]) -> bool:
         """Carry out one command; False once the session is to end."""
