@@ -1,6 +1,6 @@
 """Python workers keep CPython's cyclic garbage collector out of the way of Spark's batches.
 
-Two costs, both measured on the benchmarks (see docs/benchmarks.md, "Garbage collector in the workers"):
+Two costs, both measured with ``benchmarks/pipeline_vs_bare.py``:
 
 * **Per batch.** A micro-batch makes hundreds of thousands of small objects in a worker (Kafka messages,
   envelopes, change tuples, row dicts) and keeps many of them alive until the batch's Arrow block is built.

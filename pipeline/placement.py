@@ -4,7 +4,7 @@ The stateful stage lasts as long as its busiest task, and Spark places a group i
 ``pmod(hash(<grouping columns>), spark.sql.shuffle.partitions)`` (``HashPartitioning``; SQL ``hash`` is the same
 Murmur3 with the same seed). With a few dozen sensors on two partitions, hashing the session alone leaves one
 core idle for much of every batch: the benchmark's 24 sessions fall 6 / 18 and the busiest stateful task takes
-5.5 s against 1.9 s for the other (docs/benchmarks.md, stop 12).
+5.5 s against 1.9 s for the other (``benchmarks/pipeline_vs_bare.py``).
 
 A sensor publishes one session at a time to its own topic (``<prefix><sensor-id>``), so placing sessions by
 sensor number spreads a fleet of sensors numbered in sequence evenly, whatever their session ids. The grouping

@@ -7,7 +7,7 @@ pyarrow and sotw's modules on its own, and for a pip-installed PySpark it import
 cache bytecode for a zip, so every fresh worker compiles pyspark's modules from source (importing
 ``pyspark.worker`` and PySpark's pandas modules took 1.0-1.1 CPU s from the zip against 0.2-0.3 s from the
 installed package). A query's first micro-batch starts several workers at once on two cores, so this was
-most of the extra Python time of a first batch (docs/benchmarks.md, stop 11).
+most of the extra Python time of a first batch.
 
 ``build_session`` sets ``spark.python.daemon.module`` to this module (``--conf
 spark.python.daemon.module=pyspark.daemon`` turns it off). It drops the zips from ``sys.path`` when this

@@ -38,7 +38,7 @@ class SparkConfig:
         of driver methods stay lukewarm for hundreds of batches and the optimizing compiler (C2) never
         settles: over 150 s of small triggers it took 20-65 % of a core throughout, half the JVM's CPU on
         two cores. C1 alone halved the JVM's CPU per message on small triggers and cost nothing on large
-        batches (docs/benchmarks.md, stop 10). It only applies to a JVM that this call starts.
+        batches. It only applies to a JVM that this call starts.
     extra
         Any other Spark settings, passed through unchanged.
     """
@@ -93,7 +93,7 @@ def build_session(config: SparkConfig | None = None, app_name: str = "sotw") -> 
         # sotw's checkpoints are local paths (``--checkpoint``). There, Hadoop's FileSystem API writes and
         # renames a checkpoint file (offsets, commits, state store deltas) in a quarter of the time of the
         # default FileContext one, with the same rename-or-fail semantics: 7 against 27-31 ms for each of the two
-        # log entries of every trigger (docs/benchmarks.md).
+        # log entries of every trigger (docs/benchmarks.md, "The fixed cost of a trigger").
         .config("spark.sql.streaming.checkpointFileManagerClass", CHECKPOINT_FILE_MANAGER)
     )
     settings = dict(cfg.extra)

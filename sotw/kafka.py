@@ -98,9 +98,9 @@ class EndOffsets:
 
     The watermarks of all partitions come from two ``ListOffsets`` requests per broker through an admin
     client (earliest and latest), not two round trips per partition: on the embedded broker, 72 partitions
-    took 62-67 ms one by one and 4 ms together (``docs/benchmarks.md``, stop 15). Like a consumer's
-    watermark query, they are read at the ``isolation.level`` of the settings, ``read_committed`` unless
-    they say otherwise, so the end of a partition is one a consumer with those settings can reach. See the
+    took 62-67 ms one by one and 4 ms together. Like a consumer's watermark query, they are read at the
+    ``isolation.level`` of the settings, ``read_committed`` unless they say otherwise, so the end of a
+    partition is one a consumer with those settings can reach. See the
     module docstring for why the record at ``high - 1`` is then read. A probe's answer is remembered per
     partition and reused while the reported watermarks do not move, so a steady poll costs two requests and
     one small fetch only for partitions that grew. Probes use a consumer made for the occasion and closed

@@ -4,8 +4,7 @@ For a pip-installed PySpark, Spark starts every Python process it needs (the wor
 planners, and one streaming source runner per query) with ``pyspark/python/lib/pyspark.zip`` and py4j's zip
 first on ``PYTHONPATH``. Python cannot cache compiled bytecode for a zip, so each of those processes compiles
 pyspark's modules from source: importing the streaming source runner and sotw's source took 0.82-0.87 s that
-way against 0.28-0.30 s from the installed package, and every query's first trigger waits for it
-(docs/benchmarks.md, stop 14).
+way against 0.28-0.30 s from the installed package, and every query's first trigger waits for it.
 
 ``install`` writes a one-line ``.pth`` file into this environment's site-packages. Python runs it when any
 process of the environment starts, and it drops those zips from ``sys.path`` when the same packages are

@@ -68,6 +68,7 @@ def test_search_settings_refuse_a_start_outside_the_range():
         SearchSettings(start=0.1, min_factor=0.5)
 
 
+@pytest.mark.slow
 def test_one_run_finds_the_smoke_profiles_sustainable_rate_and_states_it(tmp_path, kafka, capsys):
     root = tmp_path / "capacity"
     code = cli.main(

@@ -31,6 +31,7 @@ def standalone(tmp_path_factory):
     assert not LocalWorkers(cluster.master_url).workers()
 
 
+@pytest.mark.slow
 def test_a_driver_killed_on_the_cluster_restarts_and_writes_what_an_uninterrupted_run_writes(
     standalone, spark, kafka, simulate, tmp_path
 ):

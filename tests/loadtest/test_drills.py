@@ -2,7 +2,8 @@
 
 Each drill here is a short form of a shipped one, on the ``smoke`` profile, with recovery bounds wide enough for a
 busy 2-core CI machine (a Spark restart alone takes 10-30 s there); the shipped drills' own bounds are checked by
-running them (docs/benchmarks.md).
+running them (docs/benchmarks.md, "Game-day drills"). The two runs of several minutes (every incident kind in one run, the durable
+broker's restart) are marked slow: `make test-slow` and the nightly job run them.
 """
 
 from __future__ import annotations
@@ -13,13 +14,22 @@ from pathlib import Path
 import pytest
 
 from loadtest.cli import run_drill
-from loadtest.drills import Drill, drill_from_mapping, load_drill, shipped
+from loadtest.drills import Drill, drill_from_mapping, load_drill, scorecard_text, shipped
 from loadtest.errors import HarnessError
 from loadtest.results import Results
 
 
 def drill(text: str, name: str = "test") -> Drill:
     return drill_from_mapping(name, tomllib.loads(text))
+
+
+def passed(results: Results) -> bool:
+    """Whether the drill passed; its scorecard (and the incidents' notes) printed for the failure message."""
+    assert results.drill is not None
+    print(scorecard_text(results.drill))
+    for i in results.incidents:
+        print(f"{i.label}: {i.notes} error={i.error}")
+    return results.drill.passed
 
 
 def checks(results: Results) -> dict[str, bool]:
@@ -91,10 +101,11 @@ recover_s = 90
 """
 
 
+@pytest.mark.slow
 def test_every_incident_kind_but_data_loss_is_ridden_out_with_nothing_lost_or_repeated(tmp_path: Path):
     results = run_drill(drill(EVERY_KIND_BUT_THE_BROKERS_DATA), tmp_path / "run", None)
 
-    assert results.drill is not None and results.drill.passed, results.drill
+    assert passed(results)
     kinds = [i.kind for i in results.incidents]
     assert kinds == [
         "faults", "sensor_storm", "load", "pipeline_kill", "pipeline_restart", "broker_pause", "cpu_hog",
@@ -111,6 +122,7 @@ def test_every_incident_kind_but_data_loss_is_ridden_out_with_nothing_lost_or_re
     assert '"drill"' in html and '"incidents"' in html
 
 
+@pytest.mark.slow
 def test_a_durable_broker_restarted_mid_run_loses_nothing(tmp_path: Path):
     results = run_drill(
         drill(
@@ -136,7 +148,7 @@ recover_s = 60
         tmp_path / "run",
         None,
     )
-    assert results.drill is not None and results.drill.passed, results.drill
+    assert passed(results)
     restart = incident(results, "broker_restart")
     assert 3.0 <= (restart.end_ms - restart.start_ms) / 1000 < 30
 
@@ -166,7 +178,7 @@ stop_message = ["Kafka data lost", "topic '[^']+' partition \\\\d+ offsets (\\\\
         tmp_path / "run",
         None,
     )
-    assert results.drill is not None and results.drill.passed, results.drill
+    assert passed(results)
     assert results.pipeline_stop is not None and "failOnDataLoss" in results.pipeline_stop
 
 

@@ -94,6 +94,7 @@ def test_the_naive_pipeline_fails_under_reordering_faults_naming_its_wrong_rows(
     assert "wrong_row" in report or "wrong row" in report
 
 
+@pytest.mark.slow
 def test_the_delta_pipeline_passes_under_the_same_faults(tmp_path: Path, kafka: KafkaConfig) -> None:
     results = run_job(tmp_path, kafka, "delta_pipeline.py", 0.05, "--contract", "tables", "--format", "delta")
 
@@ -133,6 +134,7 @@ def test_a_drill_kills_and_restarts_a_team_s_job_and_its_exactly_once_output_sti
     assert result.correctness.sessions_exact > 10
 
 
+@pytest.mark.slow
 def test_sotw_s_own_pipeline_writing_delta_passes_the_full_contract(
     tmp_path: Path, kafka: KafkaConfig
 ) -> None:

@@ -6,6 +6,7 @@ import re
 import sys
 from dataclasses import replace
 
+import pytest
 from deltalake import DeltaTable
 
 from pipeline import query
@@ -57,6 +58,7 @@ def test_delta_output_holds_the_same_rows_as_the_parquet_output_and_records_each
     assert canon(delta_rows(delta.output, "changes")) == canon(rows_of(parquet.output, "changes"))
 
 
+@pytest.mark.slow
 def test_a_killed_delta_pipeline_restarts_without_losing_or_repeating_output(
     spark, kafka, simulate, tmp_path
 ):

@@ -64,4 +64,6 @@ def test_a_fresh_worker_freezes_what_it_imported_once(monkeypatch: pytest.Monkey
     assert frozen > 10_000  # pytest, pyspark, pandas... are out of the collector's walks
     with gc_paused():
         pass
-    assert gc.get_freeze_count() == frozen  # nothing new imported: no second collection
+    # Nothing new imported, so no second collection and freeze: the count does not grow (it may shrink, as
+    # other threads free frozen objects).
+    assert gc.get_freeze_count() <= frozen
