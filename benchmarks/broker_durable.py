@@ -7,8 +7,8 @@ Run with::
 For each repeat, and each broker in turn (memory, then durable, each started afresh), it:
 
 * produces ``--messages`` records of ``--value-bytes`` bytes round-robin over ``--partitions`` partitions
-  of one topic with the simulator's producer settings (``DEFAULT_PRODUCER``: idempotent, acks=all, 20 ms
-  linger, 1 MB batches), timed from the first ``produce`` to the end of ``flush``;
+  of one topic with the simulator's producer settings (``DEFAULT_PRODUCER``: idempotent, acks=all,
+  1 MB batches), timed from the first ``produce`` to the end of ``flush``;
 * reads them all back with one assign-only consumer from offset 0, timed to the last record;
 * on the durable broker only, kills the broker process (SIGKILL) and times how long until it answers the
   Kafka API again (``Outage.duration_s``) and until a new consumer gets the first record of the topic.
