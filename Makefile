@@ -19,8 +19,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m sotw.pysparkpath
 	@touch $(STAMP)
 
-setup: $(STAMP) ## Create .venv, install sotw and check Java 17+
+setup: $(STAMP) ## Create .venv, install sotw, check Java 17+ and Chromium (the browser test's)
 	@sh scripts/check-java.sh
+	@sh scripts/check-chromium.sh
 
 demo: setup ## Run the demo on the embedded broker (set-up included)
 	$(BIN)/sotw demo

@@ -5,6 +5,12 @@ command line. The pieces have small interfaces so other drivers (a Locust web UI
 reuse them: ``samplers`` (once-a-second probes), ``verify`` (the independent verdict), ``figures`` (a run's
 figures, each with the phase it covers, and its verdict), ``results`` (the versioned ``results.json``) and
 ``report``.
+
+``sotw locust`` is Locust driving the same pieces (docs/locust.md): ``locustfile`` (Locust's entry point),
+``conductor`` (the master's side of a run), ``driver`` and ``feeder`` (a Locust process's users and its
+simulator), ``live`` (the harness process), ``liveverify`` (the verifier run while the load goes on),
+``fleetplan`` and ``shapes`` (users to load and sensors, load over time), ``webui`` (tabs, panel, routes),
+``headless`` (CSV, HTML, thresholds) and ``lines`` (how the Locust side and its helper processes talk).
 """
 
 from loadtest.errors import HarnessError

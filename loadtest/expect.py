@@ -173,23 +173,44 @@ def read_parquet_dir(path: Path) -> pd.DataFrame:
     return frame
 
 
+#: Where a run that several simulators wrote keeps each one's run directory: ``<run_dir>/parts/<name>``.
+PARTS = "parts"
+
+
+def simulator_dirs(run_dir: Path) -> list[Path]:
+    """The simulator run directories of a run: ``run_dir`` itself, or each of its ``parts/<name>``.
+
+    A Locust run's processes each run a simulator of their own over sensors of their own; the run is the
+    union of their ledgers and truths.
+    """
+    parts = run_dir / PARTS
+    if (run_dir / "ledger").exists() or not parts.is_dir():
+        return [run_dir]
+    return sorted(p for p in parts.iterdir() if p.is_dir())
+
+
+def _union(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    kept = [f for f in frames if not f.empty]
+    return pd.concat(kept, ignore_index=True) if len(kept) > 1 else (kept[0] if kept else pd.DataFrame())
+
+
 def read_ledger(run_dir: Path) -> pd.DataFrame:
-    """The simulator's ledger of a run directory, every copy one row.
+    """The simulator's ledger of a run directory (the union of its parts'), every copy one row.
 
     Raises
     ------
     HarnessError
         If the run directory has no ledger.
     """
-    ledger = read_parquet_dir(run_dir / "ledger")
+    ledger = _union([read_parquet_dir(d / "ledger") for d in simulator_dirs(run_dir)])
     if ledger.empty:
         raise HarnessError(f"no ledger in {run_dir / 'ledger'}: was the simulator run with this run dir?")
     return ledger
 
 
 def read_truth(run_dir: Path) -> pd.DataFrame:
-    """The simulator's truth: one row per session with its final status, row count and digest."""
-    return read_parquet_dir(run_dir / "truth" / "sessions.parquet")
+    """The simulator's truth (the union of its parts'): one row per session with its status, rows and digest."""
+    return _union([read_parquet_dir(d / "truth" / "sessions.parquet") for d in simulator_dirs(run_dir)])
 
 
 # --------------------------------------------------------------------------------------------------- replays

@@ -30,7 +30,7 @@ from loadtest.profile import Profile
 from loadtest.recovery import Stop
 from loadtest.results import Phase, Results
 from loadtest.samplers import ResourceProbe, Sampler, ThreadCpuProbe
-from loadtest.stage import BrokerCommands, CommandControl, EmbeddedControl, RunStage
+from loadtest.stage import BrokerCommands, CommandControl, EmbeddedControl, RunStage, SimulatorControls
 from loadtest.verify import verify_run
 from simulator.producer import Simulator
 from sotw.broker import EmbeddedBroker
@@ -351,7 +351,9 @@ def _data_loss_reports(log_path: Path) -> int:
         return 0
 
 
-def _apply_schedule(profile: Profile, simulator: Simulator, elapsed: float, applied: set[int]) -> None:
+def _apply_schedule(
+    profile: Profile, simulator: SimulatorControls, elapsed: float, applied: set[int]
+) -> None:
     """Switch scheduled fault windows on and off (each edge once)."""
     for i, window in enumerate(profile.schedule):
         if elapsed >= window.start_s and 2 * i not in applied:

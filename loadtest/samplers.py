@@ -200,6 +200,11 @@ class KafkaLagProbe:
     report_consumed
         Also report ``consumed``, the offsets the job has passed on the run's topics (for a job without
         sotw's progress log; the run's topics are new, so they start at offset 0).
+
+    Attributes
+    ----------
+    topics
+        The last sample per topic: ``{topic: (offsets behind, age of its oldest unprocessed message, s)}``.
     """
 
     def __init__(
@@ -218,6 +223,7 @@ class KafkaLagProbe:
         self._list_every_s = list_every_s
         self._listed: float | None = None  # epoch seconds of the last listing
         self._appended: dict[tuple[str, int], AppendTimes] = {}
+        self.topics: dict[str, tuple[int, float]] = {}
 
     def _topic_partitions(self) -> list[tuple[str, int]]:
         now = time.time()
@@ -252,13 +258,18 @@ class KafkaLagProbe:
         now = time.time()
         behind: dict[tuple[str, int], int] = {}
         oldest = now
+        per_topic: dict[str, tuple[int, float]] = {}
         for tp, (low, end) in ends.items():
             at = max(position.get(tp, low), low)
             behind[tp] = max(0, end - at)
             appended = self._appended.setdefault(tp, AppendTimes())
             appended.seen(now, end)
+            offsets, topic_oldest = per_topic.get(tp[0], (0, now))
             if behind[tp]:
-                oldest = min(oldest, appended.appended_at(at) or now)
+                since = appended.appended_at(at) or now
+                oldest, topic_oldest = min(oldest, since), min(topic_oldest, since)
+            per_topic[tp[0]] = (offsets + behind[tp], topic_oldest)
+        self.topics = {t: (n, round(now - since, 3)) for t, (n, since) in sorted(per_topic.items())}
         row = {
             "lag_offsets": sum(behind.values()),
             "lag_max_partition": max(behind.values(), default=0),

@@ -17,7 +17,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from loadtest.cluster import LocalWorkers
 from loadtest.errors import HarnessError
@@ -25,7 +25,6 @@ from loadtest.incidents import BrokerControl
 from loadtest.processes import PipelineProcess
 from loadtest.profile import PipelineSettings, Profile
 from simulator.config import FaultConfig
-from simulator.producer import Simulator
 from sotw.broker import EmbeddedBroker
 from sotw.errors import SotwError
 
@@ -97,13 +96,32 @@ class CommandControl:
         self._run("start")
 
 
+class SimulatorControls(Protocol):
+    """The live controls incidents use: ``simulator.producer.Simulator``'s, or a Locust run's fleet of them."""
+
+    def set_load_factor(self, factor: float) -> None:
+        """Change the load factor."""
+
+    def set_faults(self, faults: FaultConfig, sensor: str | None = None) -> None:
+        """Change fault rates."""
+
+    def clear_faults(self, sensor: str | None = None) -> None:
+        """Drop per-sensor fault rates."""
+
+    def add_sensors(self, count: int) -> None:
+        """Have ``count`` sensors join."""
+
+    def renew_producer(self) -> None:
+        """Replace the producer."""
+
+
 class RunStage:
     """The parts of one run that incidents act on (``loadtest.incidents.Stage``).
 
     Parameters
     ----------
     simulator
-        The running simulator.
+        The running simulator (or anything with its live controls).
     pipeline
         The pipeline process.
     broker
@@ -114,7 +132,7 @@ class RunStage:
 
     def __init__(
         self,
-        simulator: Simulator,
+        simulator: SimulatorControls,
         pipeline: PipelineProcess,
         broker: BrokerControl | None,
         profile: Profile,

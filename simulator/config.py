@@ -183,6 +183,13 @@ class SimulatorConfig:
         How the simulator reaches librdkafka: ``direct`` (its C API from compiled code,
         ``simulator.rdkafka``: the fast path), ``client`` (confluent-kafka's ``Producer``, a few times the
         CPU per message) or ``auto`` (direct where it loads, else client with a warning saying why).
+    first_sensor
+        Number of the first sensor's id; sensors that join later count up from it. Simulators that write
+        to one cluster at once (Locust's workers) start far apart, so that no two of them own a sensor.
+    record_every_s
+        Close the ledger's open file and write the sessions closed since the last time to
+        ``truth/closed/`` at least this often, so that another process can verify the run while it goes on
+        (the Locust UI's live verifier); None: ledger files of 2 million rows, the truth at the end only.
     """
 
     sensors: int = 24
@@ -209,6 +216,8 @@ class SimulatorConfig:
     connect_timeout_s: float = 10.0
     stall_timeout_s: float = 60.0
     producer_path: str = "auto"
+    first_sensor: int = 0
+    record_every_s: float | None = None
 
     def __post_init__(self) -> None:
         def integer(name: str, low: int) -> None:
@@ -231,6 +240,7 @@ class SimulatorConfig:
         integer("columns", 1)
         integer("partitions", 1)
         integer("seed", 0)
+        integer("first_sensor", 0)
         number("rate", 0)
         number("load_factor", 0, strict=True)
         number("skew", 0)
@@ -255,6 +265,8 @@ class SimulatorConfig:
             number("duration_s", 0, strict=True)
         if self.max_messages is not None:
             integer("max_messages", 1)
+        if self.record_every_s is not None:
+            number("record_every_s", 0, strict=True)
         if self.duration_s is None and self.max_messages is None and self.rate == 0:
             raise SimulatorError("an unthrottled run (rate 0) needs duration_s or max_messages")
         if not isinstance(self.faults, FaultConfig):

@@ -119,7 +119,7 @@ class Fleet:
         self.active: list[Sensor] = []
         self.all: list[Sensor] = []
         self.retired_ms: dict[str, int] = {}
-        self._next = 0
+        self._next = config.first_sensor
         self._weights: np.ndarray | None = None
 
     def join(self, now_ms: int) -> Sensor:

@@ -82,6 +82,8 @@ NOT_ACKNOWLEDGED = "not acknowledged before exit"
 _WAITING, _FAILED = -1, -2
 #: Sealed chunks that may wait for the writer thread, besides the one it is writing.
 WRITE_BACKLOG = 2
+#: Queued after the chunks that belong in the open file: the writer closes it (``Ledger.roll``).
+_ROLL = "roll"
 
 
 class Lateness:
@@ -193,7 +195,7 @@ class Ledger:
         self._failure: Exception | None = None
         # Bounded: when writing falls behind publishing (the simulator at full speed on two cores), the loop
         # waits here rather than holding ever more chunks (about 250 bytes a row, with its value's text).
-        self._queue: queue.Queue[_Work | None] = queue.Queue(maxsize=WRITE_BACKLOG)
+        self._queue: queue.Queue[_Work | str | None] = queue.Queue(maxsize=WRITE_BACKLOG)
         self._thread = threading.Thread(target=self._write_files, name="sotw-ledger-writer", daemon=True)
         self._thread.start()
         self._new_chunk()
@@ -410,6 +412,14 @@ class Ledger:
                 del self.errors[i]
             self.rows_written += n
 
+    def roll(self) -> None:
+        """Close the open file once the chunks queued so far are in it: a reader can then read them.
+
+        Parquet is readable once its footer is written, at the file's close; the next chunk starts a new
+        file. A reader of a running ledger reads the files it can and skips the one still open.
+        """
+        self._queue.put(_ROLL)
+
     def close(self) -> None:
         """Seal and write everything; rows still without a delivery report are marked not delivered."""
         self.seal()
@@ -422,6 +432,11 @@ class Ledger:
     def _write_files(self) -> None:
         while (work := self._queue.get()) is not None:
             if self._failure is not None:
+                continue
+            if isinstance(work, str):  # _ROLL
+                if self._writer is not None:
+                    self._writer.close()
+                    self._writer = None
                 continue
             try:
                 table = self._to_table(work)

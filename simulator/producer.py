@@ -223,6 +223,7 @@ class Simulator:
         self._planner: Planner | None = None
         self._sender: Sender | None = None
         self._injector: FaultInjector | None = None
+        self._truth: Truth | None = None
 
     # ---- live controls -------------------------------------------------------------------------------
 
@@ -400,7 +401,7 @@ class Simulator:
         for sensor in fleet.active:
             sensor.joined_ms = start_ms
         with self._lock:
-            self._ledger, self._fleet, self._planner = ledger, fleet, planner
+            self._ledger, self._fleet, self._planner, self._truth = ledger, fleet, planner, truth
             self._sender, self._injector, self._producer_path = sender, injector, path
         record.write(session_token=fleet.token, producer_path=path, started_s=start_s)
         log.info(
@@ -480,7 +481,7 @@ class Simulator:
         end_s = self._start_s + cfg.duration_s if cfg.duration_s is not None else math.inf
         max_planned = cfg.max_messages if cfg.max_messages is not None else math.inf
         self._sched_s = self._start_s
-        last_seal = time.monotonic()
+        last_seal = last_record = time.monotonic()
         while True:
             factor, joins = self._apply_controls()
             if (stop is not None and stop.is_set()) or self._sched_s >= end_s or self._planned >= max_planned:
@@ -505,7 +506,16 @@ class Simulator:
                 last_seal = mono
                 ledger.seal()
                 ledger.write_ready()
+            if cfg.record_every_s is not None and mono - last_record >= cfg.record_every_s:
+                last_record = mono
+                self._record_so_far()
             self._sample_rate()
+
+    def _record_so_far(self) -> None:
+        """Make what the run has recorded so far readable by another process (``config.record_every_s``)."""
+        assert self._ledger is not None and self._truth is not None
+        self._ledger.roll()
+        self._truth.write_closed()
 
     def _send_block(self, block: Block) -> None:
         """Plan and send a block's slots in order.

@@ -2,7 +2,9 @@
 
 This is what a perfect pipeline must reconstruct. ``SESSIONS_SCHEMA``, ``TABLES_SCHEMA`` and ``SENSORS_SCHEMA``
 are the one definition of ``<run_dir>/truth/sessions.parquet``, ``truth/tables/*.parquet`` and
-``truth/sensors.parquet``. Tables are written as sessions close, in files of bounded size.
+``truth/sensors.parquet``. Tables are written as sessions close, in files of bounded size. A run that is
+verified while it goes on also gets ``truth/closed/part-NNNNN.parquet``: the sessions closed since the part
+before (``Truth.write_closed``), with the columns of ``sessions.parquet``.
 """
 
 from __future__ import annotations
@@ -68,6 +70,8 @@ class Truth:
         self.sensors: list[dict[str, Any]] = []
         self._table_cols: tuple[list[str], list[str], list[int], list[str]] = ([], [], [], [])
         self._files = 0
+        self._closed_written = 0  # sessions already in a closed/ part
+        self._closed_parts = 0
 
     def session(
         self,
@@ -114,6 +118,24 @@ class Truth:
         )
         self._files += 1
         self._table_cols = ([], [], [], [])
+
+    def write_closed(self) -> None:
+        """Write the sessions recorded since the last call to the next ``closed/part-NNNNN.parquet``.
+
+        Each part is written under a temporary name and renamed into place, so a reader never sees half
+        of one.
+        """
+        new = self.sessions[self._closed_written :]
+        if not new:
+            return
+        folder = self.directory / "closed"
+        folder.mkdir(exist_ok=True)
+        path = folder / f"part-{self._closed_parts:05d}.parquet"
+        partial = folder / f".{path.name}.tmp"
+        pq.write_table(pa.Table.from_pylist(new, schema=SESSIONS_SCHEMA), partial)
+        partial.replace(path)
+        self._closed_written += len(new)
+        self._closed_parts += 1
 
     def close(self) -> None:
         """Write the remaining tables, ``sessions.parquet`` and ``sensors.parquet``."""

@@ -20,6 +20,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("loadtest.cli", "1x and 10x back to back, reported side by side"),
     "capacity": ("loadtest.cli", "search for the highest load factor the pipeline sustains"),
     "drill": ("loadtest.cli", "a game-day drill: incidents during a run, scored (`drill --list`)"),
+    "locust": (
+        "loadtest.locust_cli",
+        "Locust drives the fleet: web UI with live lag, latency and correctness",
+    ),
     "compare": (
         "loadtest.compare",
         "two results files (or nightly entries) side by side, B judged against A",

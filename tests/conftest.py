@@ -15,9 +15,14 @@ from typing import Any
 
 import pytest
 
-from simulator import RunSummary, Simulator, SimulatorConfig
-from sotw.broker import EmbeddedBroker
-from sotw.kafka import KafkaConfig
+# Importing Locust patches the whole process for gevent (threads, sockets), which the test process's Kafka
+# clients and Spark must not be: tests import Locust's parts unpatched and run Locust itself in subprocesses
+# (tests/loadtest/locust_process.py gives them the patch back).
+os.environ.setdefault("LOCUST_SKIP_MONKEY_PATCH", "1")
+
+from simulator import RunSummary, Simulator, SimulatorConfig  # noqa: E402
+from sotw.broker import EmbeddedBroker  # noqa: E402
+from sotw.kafka import KafkaConfig  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -85,3 +90,11 @@ def simulate(
         return Simulator(config, kafka, run_dir, clock=clock).run(), config
 
     return run
+
+
+@pytest.fixture
+def artifact_dir(request: pytest.FixtureRequest) -> Path:
+    """``build/test-artifacts/<test name>/``: files a test keeps for people to look at (screenshots), kept after the run."""
+    path = Path(__file__).resolve().parent.parent / "build" / "test-artifacts" / request.node.name
+    path.mkdir(parents=True, exist_ok=True)
+    return path

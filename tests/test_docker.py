@@ -16,6 +16,8 @@ import json
 import re
 import shlex
 import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -212,7 +214,7 @@ def test_every_sotw_image_service_runs_a_real_entry_point() -> None:
         elif cmd[0] == "locust":
             locustfile = flag(cmd, "-f")
             assert locustfile.startswith("/app/"), "the image keeps the source tree in /app"
-            assert (ROOT / Path(locustfile).relative_to("/app")).parent.is_dir(), locustfile
+            assert (ROOT / Path(locustfile).relative_to("/app")).is_file(), locustfile
         else:
             pytest.fail(f"{name} runs {cmd[0]!r}, which is neither sotw, spark-class nor locust")
 
@@ -306,6 +308,46 @@ def test_locust_master_serves_the_web_ui_on_8089_and_workers_connect_to_it() -> 
         )
         assert replicas(worker) >= 1
         assert worker["depends_on"][master_name]["condition"] == "service_healthy"
+        # The master verifies the union of the workers' ledgers, written under its --run-dir.
+        run_dir = flag(command(master), "--run-dir")
+        shared = [v.split(":")[1] for v in worker.get("volumes", []) if v.split(":")[0] in ("runs",)]
+        assert any(run_dir.startswith(mount) for mount in shared), f"{name} must mount the master's {run_dir}"
+
+
+@pytest.mark.parametrize("service_name", sorted(by_program("locust")))
+def test_locust_services_flags_are_accepted_by_locusts_parser_with_the_real_locustfile(
+    service_name: str,
+) -> None:
+    # `--list` makes Locust import the locustfile, parse the whole command line with the locustfile's options
+    # and list its users, without starting anything.
+    cmd = command(SERVICES[service_name])
+    locustfile = ROOT / Path(flag(cmd, "-f")).relative_to("/app")
+    args = [str(locustfile) if word == flag(cmd, "-f") else word for word in cmd[1:]]
+    done = subprocess.run(
+        [sys.executable, "-m", "locust", *args, "--list"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, f"{service_name}: {done.stderr[-2000:]}"
+    assert "SensorLoad" in done.stdout
+
+
+def test_sotw_locust_help_lists_the_locustfiles_options() -> None:
+    # Locust's own `--help` prints before it imports a locustfile (upstream issue 2917), so the locustfile's
+    # options are listed by `sotw locust --help`, which loads it into Locust's parser first.
+    done = subprocess.run(
+        [sys.executable, "-m", "sotw", "locust", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    for option in ("--bootstrap", "--kafka-config", "--sotw-profile", "--policy", "--shape", "--load",
+                   "--users-per-x", "--no-pipeline", "--check-lag-age", "--check-e2e-p99", "--check-correct"):  # fmt: skip
+        assert option in done.stdout, option
 
 
 # --- volumes, start order, limits ---------------------------------------------------------------------------------

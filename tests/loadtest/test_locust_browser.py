@@ -1,0 +1,71 @@
+"""Locust's web UI with sotw's tabs and panel, driven in a real browser (Debian's Chromium via Playwright).
+
+``make setup`` installs Chromium when it is missing (``scripts/check-chromium.sh``); Playwright's own
+browser download is not used. Not marked slow (about a minute): ``make test`` runs it.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from playwright.sync_api import expect, sync_playwright
+
+from sotw.kafka import KafkaConfig
+from tests.loadtest.locust_process import free_port, get_json, start, stop, wait_for
+
+CHROMIUM = Path("/usr/bin/chromium")
+
+
+def test_a_run_started_in_the_ui_shows_live_lag_and_latency_and_its_controls_reach_the_simulator(
+    kafka: KafkaConfig, tmp_path: Path, artifact_dir: Path
+) -> None:
+    assert CHROMIUM.exists(), f"{CHROMIUM} is missing: `make setup` installs it (scripts/check-chromium.sh)"
+    port, log = free_port(), tmp_path / "locust.log"
+    url = f"http://127.0.0.1:{port}"
+    args = ["--bootstrap", kafka.bootstrap, "--profile", "smoke", "--warmup", "2"]
+    args += ["--web-host", "127.0.0.1", "--web-port", str(port), "--run-dir", str(tmp_path / "session")]
+    proc = start(args, log, sotw=True)
+    try:
+        wait_for(
+            lambda: any("ready:" in line for line in get_json(f"{url}/sotw/state")["log"]),
+            240,
+            "the pipeline was not ready",
+            log,
+        )
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox"])
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(url)
+            page.get_by_label("Number of users (peak concurrency)").fill("10")
+            page.get_by_label("Ramp up (users started/second)").fill("10")
+            page.get_by_role("button", name="Start").click()
+
+            page.get_by_role("tab", name="Kafka lag").click()
+            expect(page.locator("table").first).to_contain_text("-run-1-0000", timeout=120_000)
+            page.get_by_role("tab", name="End-to-end latency").click()
+            # A row per 5 s window of commit time: the pipeline has committed rows the verifier dated.
+            expect(page.locator("table").first).to_contain_text(
+                re.compile(r"\d\d:\d\d:\d\d"), timeout=120_000
+            )
+
+            page.locator("#sotw-button").click()
+            panel = page.frame_locator("#sotw-frame")
+            panel.locator("#fault-gap").fill("0.05")
+            panel.locator("#apply-faults").click()
+            # "simulator runs at" is what the simulator process reports back once it applied the rates.
+            expect(panel.locator("#now-gap")).to_have_text("0.05", timeout=30_000)
+            expect(panel.locator("#chart-lag-age path")).to_have_count(1)
+            panel.locator("#incident-burst").click()  # a drill's incident: 3x for 20 s
+            expect(panel.locator("#incident-message")).to_have_text("sent", timeout=10_000)
+            # The harness carries it out and says so ("incident load: ..."), beside the UI's "fired" line.
+            expect(panel.locator("#sotw-log")).to_contain_text("incident load: ", timeout=30_000)
+            page.get_by_role("tab", name="Kafka lag").click()
+            panel.locator("h1").scroll_into_view_if_needed()
+            page.screenshot(path=str(artifact_dir / "locust-ui.png"))
+            browser.close()
+        assert get_json(f"{url}/sotw/state")["faults_now"]["gap"] == 0.05
+    finally:
+        code = stop(proc)
+    assert code == 0, log.read_text()[-3000:]
+    assert (tmp_path / "session" / "run-1" / "results.json").is_file(), "quitting verified the run"
