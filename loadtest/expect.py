@@ -446,9 +446,21 @@ def _session_events(policy: Policy, out: Outcome, exact: bool) -> tuple[set[Even
 
 
 def _arrivals(rows: pd.DataFrame) -> list[Arrival]:
-    """The session's intact delivered copies in Kafka order: ``(partition, offset)``."""
+    """The session's intact delivered copies in Kafka order: ``(partition, life, offset)``.
+
+    A partition's ``life`` counts the times its offsets started again from a lower number (a broker that
+    lost its data, a topic recreated): what was acknowledged after such a reset comes after everything
+    before it, although its offsets are lower. Acknowledgements of one partition arrive in offset order, so
+    in acknowledgement order an offset below one already seen marks the reset.
+    """
     copies = rows[rows["delivered"].fillna(False).astype(bool) & rows["offset"].notna()]
-    intact = copies[copies["fault"] != "malformed"].sort_values(["partition", "offset"])
+    if "acked_ts" in copies:
+        acked = copies.sort_values(["partition", "acked_ts", "offset"])
+        seen = acked.groupby("partition")["offset"].cummax().groupby(acked["partition"]).shift()
+        acked = acked.assign(life=(acked["offset"] < seen).astype(int).groupby(acked["partition"]).cumsum())
+    else:
+        acked = copies.assign(life=0)
+    intact = acked[acked["fault"] != "malformed"].sort_values(["partition", "life", "offset"])
     return [
         (int(s), str(k), int(t))
         for s, k, t in zip(intact["seq"], intact["kind"], intact["intended_ts"], strict=True)

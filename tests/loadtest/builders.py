@@ -35,6 +35,7 @@ LEDGER_SCHEMA = pa.schema(
         ("delivered", pa.bool_()),
         ("error", pa.string()),
         ("value_sha256", pa.string()),
+        ("acked_ts", pa.int64()),
     ]
 )
 
@@ -159,6 +160,8 @@ def _ledger_row(
         "delivered": offset is not None,
         "error": None,
         "value_sha256": hashlib.sha256(value).hexdigest(),
+        # Acknowledged in offset order, after every send, as librdkafka reports one partition's copies.
+        "acked_ts": T0 + 1_000_000 + offset * 100 if offset is not None else None,
     }
 
 

@@ -87,6 +87,20 @@ def test_strict_gap_that_stopped_the_query_passes(tmp_path: Path) -> None:
     assert result.must_stop
 
 
+def test_a_broker_that_lost_its_data_numbers_later_copies_from_zero_and_they_still_come_after(
+    tmp_path: Path,
+) -> None:
+    # Seqs 0-3 were read at offsets 40-43; the broker lost its data and numbered seqs 4-6 from 0 again.
+    spec = SessionSpec()
+    ledger = ledger_rows(spec, CLEAN, first_offset=40)
+    for row in ledger:
+        if row["seq"] >= 4:
+            row["offset"] -= 44
+            row["acked_ts"] += 60_000
+    result = check(tmp_path, Policy("strict"), ledger, [spec], clean_output(spec))
+    assert result.passed, result.discrepancies
+
+
 def test_strict_missed_gap_fails_for_applying_past_it_and_not_stopping(tmp_path: Path) -> None:
     spec = SessionSpec()
     ledger = ledger_rows(
