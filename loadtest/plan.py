@@ -285,7 +285,12 @@ def plan_text(meas: Measurements, fleet: Fleet, answer: dict[str, Any], source: 
         f"- executor cores: **{n(cores)}** (range {n(low)} to {n(high)} over the measurements' uncertainty, two "
         "standard errors each way)",
         f"- Kafka partitions: **{answer['kafka_partitions']:,}** (at least one per core, and each partition at most "
-        f"half the {meas.partition_rate:,.0f} msg/s one partition carried); state partitions "
+        + (
+            f"half the {meas.partition_rate:,.0f} msg/s one partition carried"
+            if meas.partition_rate > 0
+            else "half of one partition's rate, which the measurements did not resolve: measure again"
+        )
+        + "); state partitions "
         f"(--shuffle-partitions): {answer['state_partitions']:,}",
         f"- brokers: **{answer['brokers']:,}** ({answer['broker_cpu_cores']:.2f} cores of broker CPU at "
         f"{meas.broker_produce_us:.1f} us/msg written x replication {fleet.replication} + "
@@ -506,7 +511,11 @@ def measure(
             single_points = [p for d in drains if d["pattern"] == single for p in _batches(d["progress"])]
             if single_points:
                 try:
-                    partition_rate = 1.0 / fit(single_points)[2]
+                    _, _, c1, c1_se = fit(single_points)
+                    # A cost per message within two standard errors of zero says nothing of the rate.
+                    partition_rate = 1.0 / c1 if c1 > 2 * c1_se else math.nan
+                    if math.isnan(partition_rate):
+                        say("plan: one partition's cost per message is lost in the noise; no rate for it")
                 except HarnessError as exc:
                     say(f"plan: no rate for one partition: {exc}")
             for d in drains:
