@@ -87,6 +87,22 @@ def test_strict_gap_that_stopped_the_query_passes(tmp_path: Path) -> None:
     assert result.must_stop
 
 
+def test_a_session_the_strict_stop_cut_short_is_not_judged_against_its_whole_table(tmp_path: Path) -> None:
+    # Sensor 1's gap stops the query; by then sensor 2's clean session had only its first three seqs applied
+    # and no session record: a prefix of its changes is all a stopped pipeline can have written.
+    gapped = SessionSpec()
+    cut = SessionSpec(session="s2", sensor="0002")
+    ledger = ledger_rows(
+        gapped,
+        [(0, "none"), (1, "none"), (2, "none"), (4, "none"), (5, "none"), (6, "none")],
+        unsent={3: "gap"},
+    ) + ledger_rows(cut, CLEAN)
+    out = Output().apply(gapped, 0, 1, 2).apply(cut, 0, 1, 2)
+    result = check(tmp_path, Policy("strict"), ledger, [gapped, cut], out, stopped=True)
+    assert result.passed, result.discrepancies
+    assert "changes_table_mismatch" not in kinds(result)
+
+
 def test_a_broker_that_lost_its_data_numbers_later_copies_from_zero_and_they_still_come_after(
     tmp_path: Path,
 ) -> None:
