@@ -143,10 +143,12 @@ class Triager:
     def triage_all(self, discrepancies: Iterable[Discrepancy]) -> list[Discrepancy]:
         """Each discrepancy with its ``triage`` filled in, in the same order.
 
-        Messages are traced first. A discrepancy about a whole session (its status, its table) in a session
-        that lost messages before the pipeline (the producer never delivered them, the broker lost them), and
-        none in the pipeline, is a consequence of that loss and is blamed on the same layer, as on-call would
-        name the root cause; in other sessions it is the pipeline's own.
+        Messages are traced first: what the producer never delivered from the ledger alone, the rest read back
+        from Kafka up to ``limit`` (beyond it, ``unknown``). A discrepancy about a whole session (its status,
+        its table) in a session that lost messages before the pipeline (the producer never delivered them, the
+        broker lost them), and none in the pipeline, is a consequence of that loss and is blamed on the same
+        layer, as on-call would name the root cause; with messages of unknown layer it is unknown too; in
+        other sessions it is the pipeline's own.
         """
         items = list(discrepancies)
         traced: dict[int, Triage] = {}
@@ -154,40 +156,46 @@ class Triager:
         for i, d in enumerate(items):
             if d.kind not in MESSAGE_KINDS or (d.kind == "false_violation" and d.seq is None):
                 continue
-            if checked >= self._limit:
-                traced[i] = Triage("unknown", detail=f"not triaged (limit {self._limit})")
-            else:
-                checked += 1
-                traced[i] = self.triage(d)
+            # The ledger alone settles what the producer never delivered; only the rest costs a Kafka read.
+            found = self.triage(d, read_kafka=False)
+            if found.layer == "unknown" and self._reader is not None:
+                if checked < self._limit:
+                    checked += 1
+                    found = self.triage(d)
+                else:
+                    found = replace(
+                        found, detail=f"delivered per the ledger; not read back (limit {self._limit})"
+                    )
+            traced[i] = found
         upstream: dict[str, str] = {}
         own: set[str] = set()
+        unknown: set[str] = set()
         for i, t in traced.items():
             if t.layer in ("producer", "broker") and items[i].session:
                 upstream.setdefault(items[i].session, t.layer)
             elif t.layer == "pipeline":
                 own.add(items[i].session)
-        for session in own:
-            upstream.pop(session, None)  # the pipeline lost messages of it too: its damage is the pipeline's
+            elif t.layer == "unknown":
+                unknown.add(items[i].session)
         out: list[Discrepancy] = []
         for i, d in enumerate(items):
             if i in traced:
                 out.append(replace(d, triage=traced[i]))
+            elif d.session in own:  # the pipeline lost messages of it too: its damage is the pipeline's
+                out.append(replace(d, triage=Triage("pipeline", detail="the pipeline's own output is wrong")))
+            elif d.session in unknown:
+                detail = "follows from messages of this session whose layer is unknown"
+                out.append(replace(d, triage=Triage("unknown", detail=detail)))
             elif d.session in upstream:
                 layer = upstream[d.session]
-                out.append(
-                    replace(
-                        d,
-                        triage=Triage(
-                            layer, detail=f"follows from messages of this session the {layer} lost"
-                        ),
-                    )
-                )
+                detail = f"follows from messages of this session the {layer} lost"
+                out.append(replace(d, triage=Triage(layer, detail=detail)))
             else:
                 out.append(replace(d, triage=Triage("pipeline", detail="the pipeline's own output is wrong")))
         return out
 
-    def triage(self, d: Discrepancy) -> Triage:
-        """Walk the on-call checks for one message discrepancy."""
+    def triage(self, d: Discrepancy, read_kafka: bool = True) -> Triage:
+        """Walk the on-call checks for one message discrepancy (without ``read_kafka``, the ledger's only)."""
         copies = self._ledger_copies(d)
         if copies is None or copies.empty:
             return Triage("pipeline", sent=False, detail="not in the ledger: the pipeline made it up")
@@ -201,7 +209,7 @@ class Triager:
             return Triage(
                 "producer", True, False, detail=f"sent but not acknowledged: {errors or 'no report'}"
             )
-        if self._reader is None:
+        if self._reader is None or not read_kafka:
             return Triage("unknown", True, True, detail="delivered per the ledger; Kafka not checked")
         delivered = acked[acked["offset"].notna()]
         if delivered.empty:

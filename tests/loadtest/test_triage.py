@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from confluent_kafka import Producer
 
@@ -30,29 +31,33 @@ def produce(kafka: KafkaConfig, topic: str, values: list[bytes], key: bytes) -> 
     return offsets
 
 
+def two_sessions(kafka: KafkaConfig, prefix: str) -> tuple[SessionSpec, SessionSpec]:
+    """Sessions s1 and s2 on topics of their own."""
+    one, two = SessionSpec(session="s1", sensor=f"{prefix}1"), SessionSpec(session="s2", sensor=f"{prefix}2")
+    ensure_topics(kafka, {one.topic: 1, two.topic: 1})
+    return one, two
+
+
+def unsent_seq3(spec: SessionSpec) -> list[dict[str, Any]]:
+    """A session's ledger whose seq 3 the producer never got acknowledged (offsets from 100)."""
+    return ledger_rows(spec, [(s, "none") for s in (0, 1, 2, 4, 5, 6)], unsent={3: "none"}, first_offset=100)
+
+
+def with_unsent_seq3(out: Output, spec: SessionSpec) -> Output:
+    """``out`` plus what a pipeline writes for ``unsent_seq3``: every seq it got, closed ``ok``."""
+    return out.apply(spec, 0, 1, 2, 4, 5).session(spec, "ok", applied=[0, 1, 2, 4, 5])
+
+
 def test_each_lost_message_is_blamed_on_producer_broker_or_pipeline(
     tmp_path: Path, kafka: KafkaConfig, unique_prefix: Callable[[], str]
 ) -> None:
-    prefix = unique_prefix()
-    lost = SessionSpec(session="s1", sensor=f"{prefix}1")
-    unsent = SessionSpec(session="s2", sensor=f"{prefix}2")
-    ensure_topics(kafka, {lost.topic: 1, unsent.topic: 1})
+    lost, unsent = two_sessions(kafka, unique_prefix())
     # The broker kept seqs 0-3, 5 and 6 but lost seq 4: offset 4 now holds seq 5 and offset 6 nothing.
     offsets = produce(kafka, lost.topic, [lost.value(s) for s in (0, 1, 2, 3, 5, 6)], b"s1")
     assert offsets == [0, 1, 2, 3, 4, 5]
-    ledger = ledger_rows(lost, [(s, "none") for s in range(7)])
-    ledger += ledger_rows(
-        unsent, [(s, "none") for s in (0, 1, 2, 4, 5, 6)], unsent={3: "none"}, first_offset=100
-    )
     run = tmp_path / "run"
-    write_run(run, ledger, [lost, unsent])
-    out = (
-        Output()
-        .apply(lost, 0, 1, 2, 5)
-        .session(lost, "ok", applied=[0, 1, 2, 5])
-        .apply(unsent, 0, 1, 2, 4, 5)
-        .session(unsent, "ok", applied=[0, 1, 2, 4, 5])
-    )
+    write_run(run, ledger_rows(lost, [(s, "none") for s in range(7)]) + unsent_seq3(unsent), [lost, unsent])
+    out = with_unsent_seq3(Output().apply(lost, 0, 1, 2, 5).session(lost, "ok", applied=[0, 1, 2, 5]), unsent)
     expectation = build_expectation(Policy("none"), read_ledger(run), read_truth(run))
     with Triager(expectation.ledger, kafka) as triager:
         result = verify(expectation, read_output(out.write(tmp_path / "out")), triager)
@@ -143,3 +148,23 @@ def test_a_sessions_damage_from_messages_the_broker_lost_is_blamed_on_the_broker
     session_level = {k: v for k, v in kinds.items() if k not in ("lost_row", "missing_session")}
     assert session_level and set(session_level.values()) == {"broker"}, kinds
     assert "pipeline" not in result.blame
+
+
+def test_beyond_the_read_back_limit_a_sessions_damage_is_unknown_and_the_ledger_still_names_the_producer(
+    tmp_path: Path, kafka: KafkaConfig, unique_prefix: Callable[[], str]
+) -> None:
+    lost, unsent = two_sessions(kafka, unique_prefix())
+    # As above, the broker lost seq 2 of s1; s2's seq 3 was never acknowledged. No read back is allowed.
+    assert produce(kafka, lost.topic, [lost.value(s) for s in (0, 1, 3, 4)], b"s1") == [0, 1, 2, 3]
+    run = tmp_path / "run"
+    write_run(run, ledger_rows(lost, [(s, "none") for s in range(5)]) + unsent_seq3(unsent), [lost, unsent])
+    out = with_unsent_seq3(Output().apply(lost, 0, 1, 3, 4).session(lost, "ok", applied=[0, 1, 3, 4]), unsent)
+    expectation = build_expectation(Policy("none"), read_ledger(run), read_truth(run))
+    with Triager(expectation.ledger, kafka, limit=0) as triager:
+        result = verify(expectation, read_output(out.write(tmp_path / "out")), triager)
+
+    layers = {(d.session, d.kind): d.triage.layer for d in result.discrepancies if d.triage is not None}
+    assert layers[("s1", "lost_row")] == "unknown"
+    assert {layer for (session, _), layer in layers.items() if session == "s1"} == {"unknown"}, layers
+    assert layers[("s2", "not_delivered")] == "producer"
+    assert "pipeline" not in result.blame, layers
