@@ -132,7 +132,6 @@ description = "the durable broker restarts mid-run"
 profile = "smoke"
 broker = "durable"
 simulator = { producer = { "linger.ms" = "500" } }
-pipeline = { session_timeout = "30s" }
 run = { warmup_s = 3, steady_s = 40, max_lag_s = 600, drain_max_s = 300 }
 [[incidents]]
 kind = "broker_restart"
