@@ -103,7 +103,9 @@ class EndOffsets:
     partition is one a consumer with those settings can reach. See the
     module docstring for why the record at ``high - 1`` is then read. A probe's answer is remembered per
     partition and reused while the reported watermarks do not move, so a steady poll costs two requests and
-    one small fetch only for partitions that grew. Probes use a consumer made for the occasion and closed
+    one small fetch only for partitions that grew, and, every ``recheck_s``, one from the remembered end of
+    those that did not: Tansu on S3 (the durable embedded broker) can stop moving a partition's watermark
+    while records keep arriving, which would hide them for good. Probes use a consumer made for the occasion and closed
     after: librdkafka 2.16 crashes the process when a topic that a long-lived consumer once fetched from is
     deleted on Tansu.
 
@@ -113,6 +115,8 @@ class EndOffsets:
         Where the brokers are.
     timeout
         Seconds to wait for the broker on each call; retriable errors (a leader moving) are retried within it.
+    recheck_s
+        How long a remembered end is trusted while the watermarks stand still.
 
     Attributes
     ----------
@@ -122,7 +126,7 @@ class EndOffsets:
         offsets be read.
     """
 
-    def __init__(self, kafka: KafkaConfig, timeout: float = 10.0) -> None:
+    def __init__(self, kafka: KafkaConfig, timeout: float = 10.0, recheck_s: float = 1.0) -> None:
         from confluent_kafka import IsolationLevel
         from confluent_kafka.admin import AdminClient
 
@@ -131,18 +135,22 @@ class EndOffsets:
         self._timeout = timeout
         uncommitted = str(kafka.settings.get("isolation.level", "")).strip() == "read_uncommitted"
         self._isolation = IsolationLevel.READ_UNCOMMITTED if uncommitted else IsolationLevel.READ_COMMITTED
-        # (topic, partition) -> (low, high, end): the true end found for those reported watermarks.
-        self._known: dict[tuple[str, int], tuple[int, int, int]] = {}
+        self._recheck_s = recheck_s
+        # (topic, partition) -> (low, high, end, when): the true end found for those reported watermarks.
+        self._known: dict[tuple[str, int], tuple[int, int, int, float]] = {}
 
     def __call__(self, partitions: Iterable[tuple[str, int]]) -> dict[tuple[str, int], tuple[int, int]]:
         """Return ``{(topic, partition): (low, end)}`` for the given partitions."""
         watermarks = self.watermarks(partitions)
         result: dict[tuple[str, int], tuple[int, int]] = {}
-        probe: dict[tuple[str, int], int] = {}
+        probe: dict[tuple[str, int], int] = {}  # where to read from: a record at or before the true end
+        now = time.monotonic()
         for tp, (low, high) in watermarks.items():
             known = self._known.get(tp)
             if known is not None and known[:2] == (low, high):
                 result[tp] = (low, known[2])
+                if now - known[3] >= self._recheck_s and known[2] > low:
+                    probe[tp] = known[2]  # the durable Tansu's watermark can stop moving: look past the end
             else:
                 result[tp] = (low, high)
                 if high > low:
@@ -150,7 +158,7 @@ class EndOffsets:
         # Forget partitions no longer asked about (a topic deleted and made again starts afresh).
         self._known = {tp: v for tp, v in self._known.items() if tp in result}
         if probe:
-            self._probe(probe, result)
+            self._probe(probe, watermarks, result)
         return result
 
     def watermarks(self, partitions: Iterable[tuple[str, int]]) -> dict[tuple[str, int], tuple[int, int]]:
@@ -192,10 +200,13 @@ class EndOffsets:
                 raise BrokerError(f"could not read offsets from the broker: {exc}") from None
 
     def _probe(
-        self, probe: dict[tuple[str, int], int], result: dict[tuple[str, int], tuple[int, int]]
+        self,
+        probe: dict[tuple[str, int], int],
+        watermarks: dict[tuple[str, int], tuple[int, int]],
+        result: dict[tuple[str, int], tuple[int, int]],
     ) -> None:
         consumer = self._kafka.consumer()
-        consumer.assign([TopicPartition(t, p, high - 1) for (t, p), high in probe.items()])
+        consumer.assign([TopicPartition(t, p, after - 1) for (t, p), after in probe.items()])
         deadline = time.monotonic() + self._timeout
         pending = set(probe)
         try:
@@ -220,7 +231,7 @@ class EndOffsets:
             # Only answers are remembered: a partition that returned nothing (records deleted under us, or the
             # broker slow) keeps its reported watermark this time and is probed again next time.
             if tp not in pending:
-                self._known[tp] = (result[tp][0], probe[tp], result[tp][1])
+                self._known[tp] = (*watermarks[tp], result[tp][1], time.monotonic())
 
 
 def ensure_topics(config: KafkaConfig, topics: Mapping[str, int], timeout: float = 10.0) -> None:

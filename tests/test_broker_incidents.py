@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import psutil
 import pytest
-from confluent_kafka import KafkaError
+from confluent_kafka import KafkaError, Producer
 from confluent_kafka.admin import AdminClient
 
 from sotw.broker import EmbeddedBroker, Outage, port_in_use
@@ -50,6 +50,29 @@ def test_a_durable_broker_restarted_keeps_every_acknowledged_record(durable, uni
     assert sorted(values) == list(range(20_000))  # none missing, none twice
     assert outage.kind == ("kill" if kill else "restart") and outage.kept_data
     assert outage.down_ms <= outage.up_ms and durable.outages[-1] == outage
+
+
+def test_a_long_lived_end_reader_finds_records_the_durable_brokers_watermark_stopped_counting(
+    durable, unique_prefix
+):
+    # Tansu on S3 can leave a partition's reported watermark behind when batches come quickly; a reader
+    # that trusted its remembered end while the watermark stood still never saw the rest.
+    kafka = KafkaConfig(durable.bootstrap)
+    topic = unique_prefix() + "wm"
+    ensure_topics(kafka, {topic: 1})
+    producer = Producer(kafka.client(**{"linger.ms": "20"}))
+    ends = EndOffsets(kafka, recheck_s=0.5)
+    sent = 0
+    for batch in range(6):
+        for i in range(10 + batch):
+            producer.produce(topic, value=b"%d" % i, partition=0)
+        sent += 10 + batch
+        assert producer.flush(15) == 0
+        ends([(topic, 0)])
+    deadline = time.monotonic() + 10
+    while ends([(topic, 0)])[(topic, 0)][1] < sent and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert ends([(topic, 0)])[(topic, 0)] == (0, sent)
 
 
 def test_a_durable_broker_can_lose_its_data_on_request(durable, unique_prefix):
