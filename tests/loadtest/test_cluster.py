@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import re
@@ -47,17 +48,20 @@ def test_a_driver_killed_on_the_cluster_restarts_and_writes_what_an_uninterrupte
         "--max-offsets-per-trigger", "1500", "--trigger", "200ms", "-q",
     ]  # fmt: skip
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    commits = where / "output" / "_commits"
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline and len(list(commits.glob("*.json"))) < 3 and proc.poll() is None:
-        time.sleep(0.05)
-    assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
-    assert LocalWorkers(standalone.master_url).executors(), "the batches ran on the cluster's executors"
     driver = psutil.Process(proc.pid)
-    family = [driver, *driver.children(recursive=True)]  # the driver's Python, its JVM and its Python helpers
-    for member in family:
-        member.kill()
-    proc.wait()
+    try:
+        commits = where / "output" / "_commits"
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and len(list(commits.glob("*.json"))) < 3 and proc.poll() is None:
+            time.sleep(0.05)
+        assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
+        assert LocalWorkers(standalone.master_url).executors(), "the batches ran on the cluster's executors"
+    finally:
+        family = [driver, *driver.children(recursive=True)]  # the driver's Python, its JVM and Python helpers
+        for member in family:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                member.kill()
+        proc.wait()
     done = subprocess.run([*argv[:-5], "--trigger", "availableNow", "-q"], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
 
