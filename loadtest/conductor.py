@@ -366,6 +366,9 @@ class Conductor:
                 lateness.append(float(part.stats["lateness_p99_ms"]))
         total["faults"] = faults
         total["lateness_p99_ms"] = max(lateness) if lateness else None
+        # When the counters were read: they reach the harness a hop or two later, which a rate must not count.
+        taken = [float(p.stats["taken_s"]) for p in self.parts.values() if p.stats.get("taken_s") is not None]
+        total["taken_s"] = sum(taken) / len(taken) if taken else None
         return total
 
     def _forward(self) -> None:

@@ -18,6 +18,7 @@ import logging
 import signal
 import sys
 import threading
+import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -166,7 +167,7 @@ class Feeder:
         acks, failures = self.acks.read_new()
         self.events.send(
             "stats",
-            stats=self.simulator.stats().to_dict(),
+            stats={**self.simulator.stats().to_dict(), "taken_s": time.time()},
             faults=dataclasses.asdict(self.faults),
             acks=sorted(acks.items()),
             failures=sorted(failures.items()),

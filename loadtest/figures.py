@@ -294,14 +294,25 @@ def resources(steady: pd.DataFrame) -> list[ResourceUsage]:
     return out
 
 
+#: Counters a Locust run's simulators report a hop or two late, with the time they were read (``counters_ts``).
+RELAYED_COUNTERS = frozenset({"planned", "sent", "acked", "failed"})
+
+
 def _span(steady: pd.DataFrame, column: str) -> tuple[float, float]:
-    """(increase of a cumulative column, seconds) between the first and last steady samples."""
+    """(increase of a cumulative column, seconds) between the first and last steady samples.
+
+    A relayed counter is timed by when it was read, not when the sample was taken: a reading one report late at
+    either end of a 10 s phase would move the rate by a tenth.
+    """
     if column not in steady or len(steady) < 2:
         return math.nan, math.nan
     values = steady[column].ffill()
+    clock = steady["ts"]
+    if column in RELAYED_COUNTERS and "counters_ts" in steady and steady["counters_ts"].notna().all():
+        clock = steady["counters_ts"]
     return (
         float(values.iloc[-1] - values.iloc[0]),
-        float(steady["ts"].iloc[-1] - steady["ts"].iloc[0]),
+        float(clock.iloc[-1] - clock.iloc[0]),
     )
 
 

@@ -124,6 +124,7 @@ class FleetRelay:
         return {
             "planned": s.get("planned", 0),
             "sent": s.get("sent", 0),
+            "counters_ts": s.get("taken_s"),
             "acked": s.get("acked", 0),
             "failed": s.get("failed", 0),
             "lateness_p99_ms": s.get("lateness_p99_ms"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +87,25 @@ def test_rates_and_lag_figures_come_from_the_steady_samples_only(tmp_path: Path)
     assert result.figure("lag_offsets_max") == 300.0
     assert result.figure("drain_time", "drain") == 0.8
     assert result.verdict.verdict == "PASS", result.verdict.reasons
+
+
+def test_a_locust_runs_relayed_counters_are_timed_by_when_they_were_read(tmp_path: Path) -> None:
+    # A Locust run's simulator counters reach the harness a report late, and by a different delay at either end
+    # of the phase: the last sample still shows the reading of 0.2 s earlier.
+    base = outcome(tmp_path)
+    samples = [dict(s) for s in base.samples]
+    for s, (sent, read_ms) in zip(
+        samples[1:4], [(1000, T0 + 300), (1400, T0 + 500), (1400, T0 + 500)], strict=True
+    ):
+        s["sent"], s["counters_ts"] = sent, read_ms / 1000
+    result = results(dataclasses.replace(base, samples=samples))
+
+    assert result.figure("produced_rate") == pytest.approx(
+        2000.0
+    )  # 400 messages in the 0.2 s between readings
+    assert result.figure("consumed_rate") == pytest.approx(
+        2000.0
+    )  # read by the harness itself: its own clock
 
 
 def test_the_key_numbers_name_each_figure_once_with_its_phase(tmp_path: Path) -> None:
