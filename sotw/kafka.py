@@ -105,9 +105,9 @@ class EndOffsets:
     partition and reused while the reported watermarks do not move, so a steady poll costs two requests and
     one small fetch only for partitions that grew, and, every ``recheck_s``, one from the remembered end of
     those that did not: Tansu on S3 (the durable embedded broker) can stop moving a partition's watermark
-    while records keep arriving, which would hide them for good. Probes use a consumer made for the occasion and closed
-    after: librdkafka 2.16 crashes the process when a topic that a long-lived consumer once fetched from is
-    deleted on Tansu.
+    while records keep arriving, which would hide them for good. Probes use a consumer made for the
+    occasion and closed after: librdkafka 2.16 crashes the process when a topic that a long-lived consumer
+    once fetched from is deleted on Tansu.
 
     Parameters
     ----------
