@@ -139,6 +139,8 @@ class SessionExpectation:
     events_allowed: frozenset[Event]
     update_seqs: tuple[int, ...]
     stop_at: int | None = None
+    #: A strict stop may have cut the session short: its output may hold only a prefix of its changes.
+    cut_short: bool = False
 
     @property
     def must_be_present(self) -> bool:
@@ -526,6 +528,7 @@ def _relax_for_stop(exp: SessionExpectation) -> SessionExpectation:
         applied_min={s: 0 for s in exp.applied_min},
         events_required=frozenset(),
         events_allowed=exp.events_allowed | {("timeout", SESSION_LEVEL)},
+        cut_short=True,
     )
 
 

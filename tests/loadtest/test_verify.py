@@ -469,6 +469,16 @@ def test_once_accepts_either_reading_for_a_message_that_comes_after_end(tmp_path
     assert "wrong_status" in kinds(check(tmp_path / "c", Policy("once"), ledger, [spec], wrong))
 
 
+def test_a_still_open_sessions_changes_must_still_replay_to_its_table(tmp_path: Path) -> None:
+    spec = SessionSpec()
+    ledger = ledger_rows(spec, [(s, "none") for s in range(6)], unsent={6: "abandoned"})
+    wrong = SessionSpec()
+    wrong.messages[5]["row"] = {"id": 1, "value": 999, "unit": "C"}  # seq 5 written with a wrong value
+    out = Output().apply(spec, *range(5)).apply(wrong, 5)
+    result = check(tmp_path, Policy("ordered", timeouts_expire=False), ledger, [spec], out)
+    assert "changes_table_mismatch" in kinds(result), result.discrepancies
+
+
 def test_a_session_without_end_may_be_absent_when_the_timeout_has_not_passed(tmp_path: Path) -> None:
     spec = SessionSpec()
     ledger = ledger_rows(spec, [(s, "none") for s in range(6)], unsent={6: "abandoned"})
