@@ -53,6 +53,8 @@ ASSIGN, CONTROL, STOP, STOPPED, STATS = (
 )
 #: Samples kept for the web UI (five minutes).
 SAMPLES_KEPT = 300
+#: A simulator whose last report is this much older than the newest is left out of the counters' clock.
+STALE_REPORT_S = 3.0
 #: Counters that add up over the processes' simulators.
 _SUMMED = (
     "planned",
@@ -367,8 +369,11 @@ class Conductor:
         total["faults"] = faults
         total["lateness_p99_ms"] = max(lateness) if lateness else None
         # When the counters were read: they reach the harness a hop or two later, which a rate must not count.
-        taken = [float(p.stats["taken_s"]) for p in self.parts.values() if p.stats.get("taken_s") is not None]
-        total["taken_s"] = sum(taken) / len(taken) if taken else None
+        # Only simulators still reporting count: a stopped or silent one's counters stand still, not its clock.
+        stamps = {n: p.stats.get("taken_s") for n, p in self.parts.items() if not p.stopped.is_set()}
+        taken = [float(t) for t in stamps.values() if t is not None]
+        fresh = [t for t in taken if t >= max(taken, default=0.0) - STALE_REPORT_S]
+        total["taken_s"] = sum(fresh) / len(fresh) if fresh else None
         return total
 
     def _forward(self) -> None:

@@ -309,7 +309,9 @@ def _span(steady: pd.DataFrame, column: str) -> tuple[float, float]:
     values = steady[column].ffill()
     clock = steady["ts"]
     if column in RELAYED_COUNTERS and "counters_ts" in steady and steady["counters_ts"].notna().all():
-        clock = steady["counters_ts"]
+        read = steady["counters_ts"].astype(float)
+        if read.iloc[-1] > read.iloc[0]:  # no new reading during the phase: the sample times are all there is
+            clock = read
     return (
         float(values.iloc[-1] - values.iloc[0]),
         float(clock.iloc[-1] - clock.iloc[0]),
