@@ -232,6 +232,8 @@ class EndOffsets:
             # broker slow) keeps its reported watermark this time and is probed again next time.
             if tp not in pending:
                 self._known[tp] = (*watermarks[tp], result[tp][1], time.monotonic())
+            else:
+                self._known.pop(tp, None)  # start again from the broker's watermarks, not a probe that waits
 
 
 def ensure_topics(config: KafkaConfig, topics: Mapping[str, int], timeout: float = 10.0) -> None:
