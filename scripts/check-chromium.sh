@@ -1,8 +1,8 @@
 #!/bin/sh
 # The Locust web UI's browser test (tests/loadtest/test_locust_browser.py) drives Debian's Chromium through
 # Playwright; Playwright's own browser download is not used. Install the Debian package when it is missing and
-# this user may (root), waiting for another apt run's lock; otherwise say what to run. Never fails the set-up: without Chromium only the browser
-# test fails, and it says why.
+# this user may (root), waiting for another apt run's lock; otherwise say what to run. Never fails the set-up:
+# without Chromium only the browser test fails, and it says why.
 CHROMIUM=/usr/bin/chromium
 [ -x "$CHROMIUM" ] && exit 0
 if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
