@@ -109,6 +109,10 @@ class KafkaReader:
             self._consumer.unassign()
 
 
+#: A delivered copy whose place in Kafka was not looked up.
+NOT_READ_BACK = Triage("unknown", True, True, detail="delivered per the ledger; Kafka not checked")
+
+
 class Triager:
     """Names the layer at fault for each discrepancy (producer, broker, pipeline, or unknown if unchecked).
 
@@ -157,16 +161,18 @@ class Triager:
             if d.kind not in MESSAGE_KINDS or (d.kind == "false_violation" and d.seq is None):
                 continue
             # The ledger alone settles what the producer never delivered; only the rest costs a Kafka read.
-            found = self.triage(d, read_kafka=False)
-            if found.layer == "unknown" and self._reader is not None:
-                if checked < self._limit:
-                    checked += 1
-                    found = self.triage(d)
-                else:
-                    found = replace(
-                        found, detail=f"delivered per the ledger; not read back (limit {self._limit})"
-                    )
-            traced[i] = found
+            found = self._from_ledger(d)
+            if isinstance(found, Triage):
+                traced[i] = found
+            elif self._reader is None:
+                traced[i] = NOT_READ_BACK
+            elif checked < self._limit:
+                checked += 1
+                traced[i] = self._from_kafka(found)
+            else:
+                traced[i] = replace(
+                    NOT_READ_BACK, detail=f"delivered per the ledger; not read back (limit {self._limit})"
+                )
         upstream: dict[str, str] = {}
         own: set[str] = set()
         unknown: set[str] = set()
@@ -194,8 +200,15 @@ class Triager:
                 out.append(replace(d, triage=Triage("pipeline", detail="the pipeline's own output is wrong")))
         return out
 
-    def triage(self, d: Discrepancy, read_kafka: bool = True) -> Triage:
-        """Walk the on-call checks for one message discrepancy (without ``read_kafka``, the ledger's only)."""
+    def triage(self, d: Discrepancy) -> Triage:
+        """Walk the on-call checks for one message discrepancy."""
+        found = self._from_ledger(d)
+        if isinstance(found, Triage):
+            return found
+        return NOT_READ_BACK if self._reader is None else self._from_kafka(found)
+
+    def _from_ledger(self, d: Discrepancy) -> Triage | pd.DataFrame:
+        """The layer if the ledger settles it (never sent, never acknowledged), else the acknowledged copies."""
         copies = self._ledger_copies(d)
         if copies is None or copies.empty:
             return Triage("pipeline", sent=False, detail="not in the ledger: the pipeline made it up")
@@ -209,8 +222,10 @@ class Triager:
             return Triage(
                 "producer", True, False, detail=f"sent but not acknowledged: {errors or 'no report'}"
             )
-        if self._reader is None or not read_kafka:
-            return Triage("unknown", True, True, detail="delivered per the ledger; Kafka not checked")
+        return acked
+
+    def _from_kafka(self, acked: pd.DataFrame) -> Triage:
+        """Where the acknowledged copies are in Kafka, if anywhere."""
         delivered = acked[acked["offset"].notna()]
         if delivered.empty:
             # librdkafka acknowledges an idempotent retry the broker already had without an offset (-1001).
