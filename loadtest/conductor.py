@@ -370,8 +370,8 @@ class Conductor:
         total["lateness_p99_ms"] = max(lateness) if lateness else None
         # When the counters were read: they reach the harness a hop or two later, which a rate must not count.
         # Only simulators still reporting count: a stopped or silent one's counters stand still, not its clock.
-        stamps = {n: p.stats.get("taken_s") for n, p in self.parts.items() if not p.stopped.is_set()}
-        taken = [float(t) for t in stamps.values() if t is not None]
+        stamps = (p.stats.get("taken_s") for p in self.parts.values() if not p.stopped.is_set())
+        taken = [float(t) for t in stamps if t is not None]
         fresh = [t for t in taken if t >= max(taken, default=0.0) - STALE_REPORT_S]
         total["taken_s"] = sum(fresh) / len(fresh) if fresh else None
         return total
