@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import re
 import signal
 import sys
 import threading
@@ -56,7 +55,7 @@ from loadtest.verify import PipelineOutput, read_output, verify
 from simulator.config import FaultConfig
 from sotw.broker import EmbeddedBroker
 from sotw.errors import SotwError
-from sotw.kafka import KafkaConfig
+from sotw.kafka import KafkaConfig, topic_pattern
 
 log = logging.getLogger(__name__)
 
@@ -234,7 +233,7 @@ class Run:
         self._ended = threading.Event()
         self._steady_load: list[float] = []
         self.lag = (
-            KafkaLagProbe(session.kafka, re.escape(self.prefix) + ".*", session.checkpoint)
+            KafkaLagProbe(session.kafka, topic_pattern(self.prefix), session.checkpoint)
             if session.checkpoint is not None
             else None
         )
@@ -517,7 +516,7 @@ class Session:
                     bootstrap=self.kafka.bootstrap,
                     output=self.output,
                     checkpoint=self.checkpoint,
-                    pattern=re.escape(self.prefix) + ".*",
+                    pattern=topic_pattern(self.prefix),
                     settings=profile.pipeline,
                     extra_args=("-q", *flags),
                 ),
