@@ -51,6 +51,7 @@ from loadtest.runner import _apply_schedule, _Clock, _data_loss_reports, _drain,
 from loadtest.samplers import KafkaLagProbe, OutputProbe, ProgressProbe, ResourceProbe, Sampler
 from loadtest.stage import EmbeddedControl, RunStage
 from loadtest.triage import Triager
+from loadtest.values import read_snapshots
 from loadtest.verify import PipelineOutput, read_output, verify
 from simulator.config import FaultConfig
 from sotw.broker import EmbeddedBroker
@@ -197,7 +198,10 @@ def verify_locust_run(
     """``loadtest.verify.verify_run`` over the union of the run's parts, restricted to the run's topics."""
     ledger = read_ledger(run_dir)
     expectation = build_expectation(
-        profile.pipeline.verifier_policy(timeouts_expire=timeouts_expire), ledger, read_truth(run_dir)
+        profile.pipeline.verifier_policy(timeouts_expire=timeouts_expire),
+        ledger,
+        read_truth(run_dir),
+        read_snapshots(run_dir),
     )
     with Triager(ledger, kafka) as triager:
         return verify(expectation, run_output(read_output(output_root), prefix), triager, pipeline_stopped)
