@@ -269,9 +269,12 @@ def metrics_from_simulator_vs_bare(doc: Mapping[str, Any]) -> list[Metric]:
     """``benchmarks/simulator_vs_bare.py --json``: the simulator / bare producer ratio of each round."""
     bare = [float(b["rate"]) for b in doc["bare"]]
     sim = [float(s["updates_per_s"]) for s in doc["simulator"]]
+    cpu = [float(s["cpu_us_per_msg"]) for s in doc["simulator"]]
     return [
         Metric("simulator_vs_bare.ratio", "ratio", "higher", [s / b for s, b in zip(sim, bare, strict=True)]),
         Metric("simulator_vs_bare.simulator_rate", "throughput", "higher", sim, "msg/s"),
+        # CPU per message moves with the code, far less with the neighbours than a rate does.
+        Metric("simulator_vs_bare.simulator_cpu_per_msg", "time", "lower", cpu, "us"),
         Metric("simulator_vs_bare.bare_rate", "throughput", "higher", bare, "msg/s"),
     ]
 

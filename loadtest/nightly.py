@@ -82,7 +82,7 @@ class Sizes:
 FULL = Sizes("full", 300_000, 200_000, 25_000, 24, "baseline", 20.0, ("1x", "10x"), BENCHMARKS)
 QUICK = Sizes(
     "quick",
-    60_000,
+    200_000,
     16_000,
     4_000,
     4,
