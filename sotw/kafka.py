@@ -93,6 +93,19 @@ def parse_settings(pairs: Iterable[str]) -> dict[str, str]:
     return out
 
 
+def transient(err: Any) -> bool:
+    """Whether a Kafka error passes on its own: retriable, or a partition without a leader for a moment.
+
+    ``ListOffsets`` results do not mark a partition just created, or whose leader is moving, as retriable.
+    """
+    from confluent_kafka import KafkaError
+
+    if hasattr(err, "retriable") and err.retriable():
+        return True
+    code = err.code() if hasattr(err, "code") else None
+    return code in (KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE)
+
+
 class EndOffsets:
     """Reads ``(low, end)`` per partition, where ``end`` is last offset + 1 on Kafka and on Tansu.
 
@@ -193,7 +206,7 @@ class EndOffsets:
                 time.sleep(0.2)
             except KafkaException as exc:
                 err = exc.args[0]
-                if not (hasattr(err, "retriable") and err.retriable()) or time.monotonic() + 0.2 > deadline:
+                if not transient(err) or time.monotonic() + 0.2 > deadline:
                     raise BrokerError(f"could not read offsets from the broker: {err}") from None
                 time.sleep(0.2)  # a leader moving, a broker restarting: ask again within the timeout
             except (RuntimeError, TimeoutError) as exc:

@@ -7,7 +7,7 @@ The broker behind it keeps running: its data, committed offsets and group state 
 own recovery (log replay, cold caches) is exercised.
 
 For every client to go through the proxy, the broker must advertise the proxy's address: Tansu with
-``--advertised-listener-url`` (``EmbeddedBroker(proxied=True)`` does this), a one-node Kafka cluster with
+``--advertised-listener-url`` (``TansuBroker(proxied=True)`` does this), a one-node Kafka cluster with
 ``advertised.listeners``. A multi-node cluster needs one proxy per broker.
 """
 

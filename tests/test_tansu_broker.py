@@ -1,4 +1,4 @@
-"""The embedded broker's incidents against the real processes: restarts that keep or lose data, pauses,
+"""The embedded Tansu broker (`--broker tansu`) against its real processes: restarts that keep or lose data, pauses,
 and no process left behind."""
 
 import os
@@ -13,22 +13,22 @@ import pytest
 from confluent_kafka import KafkaError, Producer
 from confluent_kafka.admin import AdminClient
 
-from sotw.broker import EmbeddedBroker, Outage, port_in_use
+from sotw.broker import Outage, TansuBroker, port_in_use
 from sotw.errors import BrokerError
 from sotw.kafka import EndOffsets, KafkaConfig, ensure_topics
 from tests.deliveries import PARTITIONS, Deliveries, filled, read_all
 
 
 @pytest.fixture(scope="module")
-def durable() -> Iterator[EmbeddedBroker]:
+def durable() -> Iterator[TansuBroker]:
     # Tansu exits on SIGTERM only when no client is connected: a short grace keeps graceful restarts quick.
-    with EmbeddedBroker(durable=True, stop_grace_s=1.0) as broker:
+    with TansuBroker(durable=True, stop_grace_s=1.0) as broker:
         yield broker
 
 
 @pytest.fixture
-def memory() -> Iterator[EmbeddedBroker]:
-    with EmbeddedBroker(stop_grace_s=1.0) as broker:
+def memory() -> Iterator[TansuBroker]:
+    with TansuBroker(stop_grace_s=1.0) as broker:
         yield broker
 
 
@@ -130,7 +130,7 @@ def test_a_paused_broker_holds_deliveries_until_it_resumes(memory, unique_prefix
 
 
 def test_closing_a_paused_broker_resumes_and_stops_it():
-    broker = EmbeddedBroker().start()
+    broker = TansuBroker().start()
     broker.pause()
     broker.stop()
     assert not broker.paused and broker.outages[-1].kind == "pause"
@@ -159,7 +159,7 @@ def _gone(pids: set[int], timeout: float = 5.0) -> set[int]:
 
 def test_a_closed_durable_broker_leaves_no_process_behind():
     before = _descendants()
-    with EmbeddedBroker(durable=True) as broker:
+    with TansuBroker(durable=True) as broker:
         broker.restart(kill=True)
         started = _descendants() - before
         # the watchdog, the S3 server and Tansu
@@ -170,8 +170,8 @@ def test_a_closed_durable_broker_leaves_no_process_behind():
 
 OWNER = """
 import sys, time
-from sotw.broker import EmbeddedBroker
-broker = EmbeddedBroker(durable=True).start()
+from sotw.broker import TansuBroker
+broker = TansuBroker(durable=True).start()
 broker.pause()
 print(broker.bootstrap, flush=True)
 time.sleep(600)
