@@ -30,7 +30,7 @@ import psutil
 from confluent_kafka import Producer, TopicPartition
 
 from simulator.config import DEFAULT_PRODUCER
-from sotw.broker import EmbeddedBroker
+from sotw.broker import TansuBroker
 from sotw.kafka import EndOffsets, KafkaConfig, ensure_topics
 
 TOPIC = "bench-durable"
@@ -90,13 +90,13 @@ def first_record_s(kafka: KafkaConfig, since: float, timeout: float = 60.0) -> f
     raise RuntimeError(f"no record within {timeout:g} s of the restart")
 
 
-def rss_mb(broker: EmbeddedBroker) -> dict[str, float]:
+def rss_mb(broker: TansuBroker) -> dict[str, float]:
     return {name: psutil.Process(pid).memory_info().rss / 2**20 for name, pid in broker.pids.items()}
 
 
 def one(durable: bool, args: argparse.Namespace) -> dict[str, Any]:
     value = b"x" * args.value_bytes
-    with EmbeddedBroker(durable=durable) as broker:
+    with TansuBroker(durable=durable) as broker:
         kafka = KafkaConfig(broker.bootstrap)
         ensure_topics(kafka, {TOPIC: args.partitions})
         result: dict[str, Any] = {

@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 
 
 class BrokerControl(Protocol):
-    """The incident operations a broker offers (the embedded one, or a cluster driven by commands)."""
+    """The incident operations a broker offers (one the harness started, or a cluster driven by commands)."""
 
     def pause(self) -> None:
         """Freeze the broker (it stops answering, connections stay open)."""
@@ -235,7 +235,7 @@ class BrokerPause(Incident):
 
 @dataclass(frozen=True)
 class BrokerRestart(Incident):
-    """The broker stops and starts again keeping its data (the embedded broker must be durable).
+    """The broker stops and starts again keeping its data (Apache Kafka keeps it on disk; Tansu must be durable).
 
     ``begin`` returns once the broker answers again, so the incident's window is the outage itself.
     """
@@ -255,7 +255,7 @@ class BrokerRestart(Incident):
 
 @dataclass(frozen=True)
 class BrokerDataLoss(Incident):
-    """The broker comes back without the records it acknowledged (the memory broker restarted).
+    """The broker comes back without the records it acknowledged (its log directories wiped while it was down).
 
     ``begin`` returns once the broker answers again, so the incident's window is the outage itself.
     """
@@ -563,7 +563,7 @@ class WorkerKill(Incident):
 def _broker(stage: Stage, kind: str) -> BrokerControl:
     if stage.broker is None:
         raise HarnessError(
-            f"incident {kind} needs control of the broker: the embedded broker, or --broker-stop-cmd and "
+            f"incident {kind} needs control of the broker: a local one, or --broker-stop-cmd and "
             "--broker-start-cmd for a cluster"
         )
     return stage.broker

@@ -256,11 +256,13 @@ class Simulator:
             self._joins_asked += count
 
     def renew_producer(self) -> None:
-        """Replace the producer with a new one at the next block, as a client restarts after a broker lost its state.
+        """Restart the producing side at the next block, as a client restarts after a broker lost its state.
 
-        A broker that comes back without the producer ids it knew (the memory broker restarted) never takes
-        another message from an idempotent producer that lived through it: every message times out. What the
-        old producer still holds is purged (its ledger rows say so); the new one starts from the next message.
+        The active sensors' topics are created again (a broker that lost its data has none, and Kafka creates
+        no topic on its own: ``auto.create.topics.enable=false``) and the producer is replaced. On Kafka the old
+        idempotent producer would go on once its topics exist again; on Tansu it never takes another message
+        (every one times out), because the broker no longer knows its producer id. What the old producer still
+        holds is purged (its ledger rows say so); the new one starts from the next message.
         """
         with self._lock:
             self._renew_asked = True
@@ -319,6 +321,9 @@ class Simulator:
         if changes and self._planner is not None:
             self._planner.faults_changed()
         if renew and self._sender is not None:
+            if self._fleet is not None:
+                cfg = self.config
+                ensure_topics(self.kafka, {s.topic: cfg.partitions for s in self._fleet.active})
             self._sender.renew(self._open_producer()[0])
         return factor, joins
 

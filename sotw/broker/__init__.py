@@ -13,9 +13,6 @@ from sotw.broker.net import free_port, port_in_use, wait_for_kafka
 from sotw.broker.tansu import TansuBroker
 from sotw.outage import Outage
 
-#: The old name of the Tansu broker, until every caller starts ``local_broker`` (next commit).
-EmbeddedBroker = TansuBroker
-
 __all__ = [
     "BROKERS",
     "KafkaBroker",

@@ -459,22 +459,17 @@ def test_a_topic_recreated_after_it_was_fully_read_is_data_loss_unless_told_othe
 @pytest.fixture
 def frozen_broker() -> Any:
     """A broker of the test's own that the test can freeze (SIGSTOP) and thaw, as a hung broker would be."""
-    import os
-    import signal
+    from sotw.broker import KafkaBroker
 
-    from sotw.broker import EmbeddedBroker
-
-    with EmbeddedBroker() as broker:
-        assert broker.process is not None
-        pid = broker.process.pid
+    with KafkaBroker() as broker:
 
         def freeze(frozen: bool) -> None:
-            os.kill(pid, signal.SIGSTOP if frozen else signal.SIGCONT)
+            if frozen:
+                broker.pause()
+            else:
+                broker.resume()
 
-        try:
-            yield KafkaConfig(broker.bootstrap), freeze
-        finally:
-            freeze(False)
+        yield KafkaConfig(broker.bootstrap), freeze
 
 
 def test_a_broker_that_does_not_answer_is_not_taken_for_deleted_data(frozen_broker) -> None:
