@@ -235,7 +235,7 @@ class BrokerPause(Incident):
 
 @dataclass(frozen=True)
 class BrokerRestart(Incident):
-    """The broker stops and starts again keeping its data (Apache Kafka keeps it on disk; Tansu must be durable).
+    """The broker stops and starts again keeping its data (Kafka keeps it on disk).
 
     ``begin`` returns once the broker answers again, so the incident's window is the outage itself.
     """

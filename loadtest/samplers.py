@@ -443,7 +443,7 @@ class ResourceProbe:
     pids
         ``component -> callable returning the root pid, or several`` (None while the component is not
         running); a component's children (the pipeline's JVM and Python workers) are counted with it, and
-        a component of several roots (a durable broker and its S3 server) is their sum.
+        a component of several roots (the nodes of a Kafka cluster) is their sum.
     alone
         Components measured without their children (the harness, whose children are the other components).
     refresh_s
