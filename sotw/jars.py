@@ -1,12 +1,12 @@
 """Bundles of Java libraries sotw runs, fetched from Maven Central by ``make setup``.
 
 A bundle is a ``pom.xml`` (packaging ``pom``) in the repository's ``jars/<bundle>/`` listing what it needs:
-``kafka`` is the Apache Kafka broker (``sotw.broker.kafka``). ``python -m sotw.jars fetch BUNDLE`` (a make rule
-per bundle) has Maven copy the bundle's runtime dependencies into ``<environment>/jars/<bundle>/`` and writes a
-manifest of what it copied; Maven keeps what it downloaded in ``~/.m2``, and make re-runs the rule only when the
-bundle's ``pom.xml`` changed, so a second set-up neither downloads nor copies anything. ``classpath(BUNDLE)``
-returns the jars after checking them against the manifest, so a missing, partly copied or outdated bundle is
-named with its fix (``make setup``) instead of failing inside the JVM.
+``kafka`` is the Apache Kafka broker (``sotw.broker.kafka``). ``python -m sotw.jars fetch BUNDLE`` (a make
+rule per bundle) has Maven copy the bundle's runtime dependencies into ``<environment>/jars/<bundle>/`` and
+writes a manifest of what it copied; Maven keeps what it downloaded in ``~/.m2``, and make re-runs the rule
+only when the bundle's ``pom.xml`` changed, so a second set-up neither downloads nor copies anything.
+``classpath(BUNDLE)`` returns the jars after checking them against the manifest, so a missing, partly copied
+or outdated bundle is named with its fix (``make setup``) instead of failing inside the JVM.
 """
 
 from __future__ import annotations
@@ -141,10 +141,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         for bundle in args.bundles:
             if args.action == "fetch":
                 folder = fetch(bundle)
-                size = sum(p.stat().st_size for p in folder.glob("*.jar"))
-                print(
-                    f"{bundle} jars: {len(list(folder.glob('*.jar')))} files, {size / 2**20:.0f} MiB in {folder}"
-                )
+                jars = list(folder.glob("*.jar"))
+                size = sum(p.stat().st_size for p in jars)
+                print(f"{bundle} jars: {len(jars)} files, {size / 2**20:.0f} MiB in {folder}")
             else:
                 print(":".join(str(p) for p in classpath(bundle)))
     except SotwError as exc:
