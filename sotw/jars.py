@@ -108,6 +108,7 @@ def classpath(bundle: str, prefix: Path | None = None) -> list[Path]:
         Naming ``make setup`` if the bundle was never fetched, a jar is missing or of another size than
         Maven copied (a truncated or replaced file), or the bundle's ``pom.xml`` changed since.
     """
+    pom = _pom(bundle)
     folder = bundle_dir(bundle, prefix)
     fix = "run `make setup` to fetch them"
     try:
@@ -118,7 +119,7 @@ def classpath(bundle: str, prefix: Path | None = None) -> list[Path]:
         raise SetupError(
             f"the {bundle} jars' manifest {folder / MANIFEST} is unreadable ({exc}): {fix}"
         ) from None
-    if manifest.get("pom_sha256") != _digest(_pom(bundle)):
+    if manifest.get("pom_sha256") != _digest(pom):
         raise SetupError(f"the {bundle} jars in {folder} are from an older jars/{bundle}/pom.xml: {fix}")
     jars: list[Path] = []
     for name, size in manifest["jars"].items():
