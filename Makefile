@@ -4,6 +4,9 @@ NIGHTLY_ARGS ?=
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# Bundles of Java libraries (jars/<bundle>/pom.xml), each copied by Maven into $(VENV)/jars/<bundle>/.
+BUNDLES := kafka
+JARS   := $(foreach b,$(BUNDLES),$(VENV)/jars/$(b)/manifest.json)
 
 .DEFAULT_GOAL := help
 .PHONY: help setup demo test test-slow lint typecheck unit bench nightly report clean
@@ -19,11 +22,16 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m sotw.pysparkpath
 	@touch $(STAMP)
 
-setup: $(STAMP) ## Create .venv, install sotw, check Java 17+ and Chromium (the browser test's)
+# A bundle is fetched again only when its pom.xml changes; Maven's ~/.m2 keeps what it downloaded.
+$(VENV)/jars/%/manifest.json: jars/%/pom.xml | $(STAMP)
+	@sh scripts/check-java.sh
+	$(BIN)/python -m sotw.jars fetch $*
+
+setup: $(STAMP) $(JARS) ## Create .venv, install sotw, fetch Apache Kafka (Maven), check Java 17+ and Chromium
 	@sh scripts/check-java.sh
 	@sh scripts/check-chromium.sh
 
-demo: setup ## Run the demo on the embedded broker (set-up included)
+demo: setup ## Run the demo on a local Apache Kafka broker (set-up included)
 	$(BIN)/sotw demo
 
 lint: setup ## Ruff format check, ruff lint and mypy

@@ -1,10 +1,10 @@
 """Files an idle pipeline leaves behind: output and checkpoint file counts over a quiet stretch.
 
 With a session timeout Spark runs a micro-batch every trigger even when no data arrives. This benchmark starts
-the embedded broker and ``sotw pipeline`` (1 s trigger), gives it a few sessions to hold, then lets it idle and
-counts the files under its output and checkpoint, and the progress log's lines, every ``--every`` seconds. A
-bounded pipeline adds nothing per idle hour once the retained batches are full (Spark keeps the last 100
-batches of its checkpoint, sotw the last 100 markers of batches that wrote nothing).
+a local Kafka broker and ``sotw pipeline`` (1 s trigger), gives it a few sessions to hold, then lets it idle
+and counts the files under its output and checkpoint, and the progress log's lines, every ``--every``
+seconds. A bounded pipeline adds nothing per idle hour once the retained batches are full (Spark keeps the
+last 100 batches of its checkpoint, sotw the last 100 markers of batches that wrote nothing).
 
     .venv/bin/python benchmarks/idle_files.py --minutes 10
 """
@@ -21,7 +21,7 @@ from pathlib import Path
 
 from confluent_kafka import Producer
 
-from sotw.broker import EmbeddedBroker
+from sotw.broker import KafkaBroker
 from sotw.kafka import KafkaConfig, ensure_topics
 from sotw.wire import encode_snapshot
 
@@ -37,7 +37,7 @@ def main() -> int:
     p.add_argument("--json", type=Path, default=None, help="also write the samples here")
     args = p.parse_args()
     work = Path(tempfile.mkdtemp(prefix="sotw-idle-"))
-    with EmbeddedBroker(log_path=work / "broker.log") as broker:
+    with KafkaBroker(log_path=work / "broker.log") as broker:
         kafka = KafkaConfig(broker.bootstrap)
         topic = "idle-sensor-0001"
         ensure_topics(kafka, {topic: 1})

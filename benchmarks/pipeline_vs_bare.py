@@ -62,7 +62,7 @@ from pipeline.progress import input_messages
 from pipeline.query import read_source, run
 from pipeline.spark import SparkConfig, build_session
 from simulator import Simulator, SimulatorConfig
-from sotw.broker import EmbeddedBroker
+from sotw.broker import BROKERS, local_broker
 from sotw.kafka import EndOffsets, KafkaConfig
 from sotw.procstats import cpu_by_kind, read_tree, rss_by_kind
 
@@ -366,7 +366,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--bootstrap", help="use this Kafka cluster instead of starting the embedded broker")
+    parser.add_argument("--bootstrap", help="use this Kafka cluster instead of starting a local broker")
+    parser.add_argument("--broker", choices=BROKERS, default="kafka", help="the local broker (default kafka)")
     parser.add_argument("--messages", type=int, default=600_000, help="backlog size (default 600000)")
     parser.add_argument("--repeats", type=int, default=2, help="runs of each side (default 2)")
     parser.add_argument("--sensors", type=int, default=24)
@@ -458,8 +459,8 @@ def main(argv: list[str] | None = None) -> int:
         broker_note = args.bootstrap
         results = go(KafkaConfig(args.bootstrap))
     else:
-        with EmbeddedBroker() as broker:
-            broker_note = f"embedded Tansu at {broker.bootstrap}"
+        with local_broker(args.broker) as broker:
+            broker_note = f"local {args.broker} at {broker.bootstrap}"
             results = go(KafkaConfig(broker.bootstrap))
     load = os.getloadavg()
 

@@ -36,7 +36,7 @@ import pyarrow.parquet as pq
 from confluent_kafka import Producer
 
 from simulator import DEFAULT_PRODUCER, FaultConfig, Simulator, SimulatorConfig
-from sotw.broker import EmbeddedBroker
+from sotw.broker import BROKERS, local_broker
 from sotw.kafka import KafkaConfig, ensure_topics
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -224,7 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--bootstrap", help="use this Kafka cluster instead of starting the embedded broker")
+    parser.add_argument("--bootstrap", help="use this Kafka cluster instead of starting a local broker")
+    parser.add_argument("--broker", choices=BROKERS, default="kafka", help="the local broker (default kafka)")
     parser.add_argument(
         "--rates", default="2000,20000", help="comma-separated rates, msg/s (default 2000,20000)"
     )
@@ -270,8 +271,8 @@ def main(argv: list[str] | None = None) -> int:
         broker_note = args.bootstrap
         go(KafkaConfig(args.bootstrap))
     else:
-        with EmbeddedBroker() as broker:
-            broker_note = f"embedded at {broker.bootstrap}"
+        with local_broker(args.broker) as broker:
+            broker_note = f"local {args.broker} at {broker.bootstrap}"
             go(KafkaConfig(broker.bootstrap))
     load = os.getloadavg()
     print(

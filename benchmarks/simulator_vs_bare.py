@@ -48,7 +48,7 @@ from simulator import DEFAULT_PRODUCER, Simulator, SimulatorConfig
 from simulator.model import SensorTable
 from simulator.rdkafka import QUEUE_FULL, DirectProducer
 from sotw import wire
-from sotw.broker import EmbeddedBroker
+from sotw.broker import BROKERS, local_broker
 from sotw.kafka import KafkaConfig, ensure_topics
 
 
@@ -66,8 +66,8 @@ def broker_cpu_s(pid: int | None) -> float:
 def drop_topics(kafka: KafkaConfig, topics: list[str]) -> None:
     """Delete a side's topics, so that every side writes to a broker holding the same data (none).
 
-    The embedded broker keeps every record in memory, and its CPU per message grew round after round while
-    the topics accumulated (0.8 to 1.5 us in one invocation): the side that ran last in a round paid most.
+    Tansu keeps every record in memory, and its CPU per message grew round after round while the topics
+    accumulated (0.8 to 1.5 us in one invocation): the side that ran last in a round paid most.
     """
     admin = AdminClient(kafka.client())
     for future in admin.delete_topics(topics, operation_timeout=30).values():
@@ -298,7 +298,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--bootstrap", help="use this Kafka cluster instead of starting the embedded broker")
+    parser.add_argument("--bootstrap", help="use this Kafka cluster instead of starting a local broker")
+    parser.add_argument("--broker", choices=BROKERS, default="kafka", help="the local broker (default kafka)")
     parser.add_argument("--messages", type=int, default=600_000, help="messages per run (default 600000)")
     parser.add_argument("--repeats", type=int, default=2, help="runs of each side (default 2)")
     parser.add_argument("--sensors", type=int, default=24)
@@ -332,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
         }
 
         def timed(side: str, fn: Any, *fargs: Any, **kw: Any) -> dict:
-            """Run one side and add the broker's CPU per message during it (embedded broker only)."""
+            """Run one side and add the broker's CPU per message during it (local broker only)."""
             b0 = broker_cpu_s(broker_pid)
             out: dict = fn(*fargs, **kw)
             sent = out.get("sent", args.messages)
@@ -383,9 +384,9 @@ def main(argv: list[str] | None = None) -> int:
         broker_note = args.bootstrap
         results = go(KafkaConfig(args.bootstrap))
     else:
-        with EmbeddedBroker() as broker:
-            broker_note = f"embedded Tansu at {broker.bootstrap}"
-            results = go(KafkaConfig(broker.bootstrap), broker.process.pid if broker.process else None)
+        with local_broker(args.broker) as broker:
+            broker_note = f"local {args.broker} at {broker.bootstrap}"
+            results = go(KafkaConfig(broker.bootstrap), next(iter(broker.pids.values()), None))
 
     best_bare = max(b["rate"] for b in results["bare"])
     best_sim = max(s["updates_per_s"] for s in results["simulator"])

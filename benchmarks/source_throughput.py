@@ -4,8 +4,8 @@ Run with::
 
     .venv/bin/python benchmarks/source_throughput.py --messages 300000 --topics 20
 
-It starts an embedded Tansu broker (or takes ``--bootstrap``), fills ``--topics`` topics with small JSON
-messages, then drains the whole backlog three ways and prints messages/s for each:
+It starts a local Kafka broker (``--broker``; or takes ``--bootstrap``), fills ``--topics`` topics with small
+JSON messages, then drains the whole backlog three ways and prints messages/s for each:
 
 * ``bare``: one assign-only confluent-kafka consumer in this process touching key and value of each message
   (the ceiling for a Python consumer);
@@ -31,7 +31,7 @@ from confluent_kafka import Producer, TopicPartition
 
 from pipeline.offsets import OffsetRange
 from pipeline.source import SourceOptions, read_ranges
-from sotw.broker import EmbeddedBroker
+from sotw.broker import BROKERS, local_broker
 from sotw.kafka import EndOffsets, KafkaConfig, ensure_topics
 
 
@@ -140,12 +140,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--messages", type=int, default=300_000)
     parser.add_argument("--topics", type=int, default=20)
     parser.add_argument("--bootstrap", default=None)
+    parser.add_argument("--broker", choices=BROKERS, default="kafka")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--reader-repeats", type=int, default=1, help="runs of each reader mode (default 1)")
     parser.add_argument("--no-spark", action="store_true", help="stop after the in-process readers")
     args = parser.parse_args(argv)
     with ExitStack() as stack:
-        bootstrap = args.bootstrap or stack.enter_context(EmbeddedBroker()).bootstrap
+        bootstrap = args.bootstrap or stack.enter_context(local_broker(args.broker)).bootstrap
         kafka = KafkaConfig(bootstrap)
         prefix = f"bench{int(time.time())}-"
         topics = [f"{prefix}{i:02d}" for i in range(args.topics)]

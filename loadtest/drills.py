@@ -6,7 +6,7 @@ A drill file is TOML::
     description = "kill -9 of the pipeline at 10x: nothing lost or repeated, recovered within 45 s"
     profile = "baseline"              # a profile of the scenario file (or `scenario = "path.toml"` too)
     load = "10x"
-    broker = "memory"                 # memory, or durable for incidents that restart the broker
+    broker = "kafka"                  # the local broker: kafka (one node, default) or kafka-3
     simulator = { faults = {} }       # changes to the profile's fleet and faults (optional)
     pipeline = { trigger = "1s" }     # changes to its pipeline settings (optional)
     run = { steady_s = 90 }           # changes to its phases (optional)
@@ -40,8 +40,8 @@ from typing import Any
 from loadtest.errors import HarnessError
 from loadtest.incidents import Incident, incident_from_mapping
 from loadtest.results import Correctness, DrillCheck, DrillScore, IncidentResult
-
-BROKERS = ("memory", "durable")
+from sotw.broker.local import check_broker
+from sotw.errors import BrokerError
 
 
 @dataclass(frozen=True)
@@ -180,7 +180,7 @@ class Drill:
     profile: str
     load: str = "1x"
     scenario: Path | None = None
-    broker: str = "memory"
+    broker: str = "kafka"
     simulator: Mapping[str, Any] = field(default_factory=dict)
     pipeline: Mapping[str, Any] = field(default_factory=dict)
     run: Mapping[str, Any] = field(default_factory=dict)
@@ -189,10 +189,10 @@ class Drill:
     path: Path | None = None
 
     def __post_init__(self) -> None:
-        if self.broker not in BROKERS:
-            raise HarnessError(
-                f"drill {self.name}: broker must be one of {', '.join(BROKERS)}, got {self.broker!r}"
-            )
+        try:
+            check_broker(self.broker)
+        except BrokerError as exc:
+            raise HarnessError(f"drill {self.name}: {exc}") from None
         unknown = sorted(set(self.expect) - set(EXPECTATIONS))
         if unknown:
             raise HarnessError(
@@ -245,7 +245,7 @@ def drill_from_mapping(name: str, doc: Mapping[str, Any], path: Path | None = No
         profile=str(head["profile"]),
         load=str(head.get("load", "1x")),
         scenario=Path(scenario) if scenario is not None else None,
-        broker=str(head.get("broker", "memory")),
+        broker=str(head.get("broker", "kafka")),
         simulator=dict(head.get("simulator", {})),
         pipeline=dict(head.get("pipeline", {})),
         run=dict(head.get("run", {})),

@@ -94,9 +94,9 @@ class LiveConfig:
     policy, warmup_s, steady_s
         Overrides of the profile's policy and phase lengths, as ``sotw run`` takes them.
     bootstrap, kafka_settings
-        A running cluster; None starts the embedded broker.
+        A running cluster; None starts a local broker.
     broker
-        The embedded broker's storage: ``memory`` or ``durable``.
+        The local broker: ``kafka`` (one Apache Kafka node) or ``kafka-3`` (``sotw.broker.BROKERS``).
     pipeline
         Start the pipeline (otherwise one runs already, writing to ``output`` with ``checkpoint``).
     output, checkpoint
@@ -118,7 +118,7 @@ class LiveConfig:
     steady_s: float | None = None
     bootstrap: str | None = None
     kafka_settings: Mapping[str, str] = field(default_factory=dict)
-    broker: str = "memory"
+    broker: str = "kafka"
     pipeline: bool = True
     output: str | None = None
     checkpoint: str | None = None

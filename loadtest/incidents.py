@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 
 
 class BrokerControl(Protocol):
-    """The incident operations a broker offers (the embedded one, or a cluster driven by commands)."""
+    """The incident operations a broker offers (one the harness started, or a cluster driven by commands)."""
 
     def pause(self) -> None:
         """Freeze the broker (it stops answering, connections stay open)."""
@@ -70,8 +70,8 @@ class Stage(Protocol):
     def add_sensors(self, count: int) -> None:
         """Have ``count`` new sensors join now."""
 
-    def renew_producer(self) -> None:
-        """Give the simulator a new producer, as clients reconnect after a broker lost its state."""
+    def recreate_topics(self) -> None:
+        """Have the simulator create its topics again, as clients do after a broker lost its data."""
 
     def kill_pipeline(self) -> None:
         """Send SIGKILL to the pipeline's whole process tree at once, as a crash would."""
@@ -235,7 +235,7 @@ class BrokerPause(Incident):
 
 @dataclass(frozen=True)
 class BrokerRestart(Incident):
-    """The broker stops and starts again keeping its data (the embedded broker must be durable).
+    """The broker stops and starts again keeping its data (Kafka keeps it on disk).
 
     ``begin`` returns once the broker answers again, so the incident's window is the outage itself.
     """
@@ -255,7 +255,7 @@ class BrokerRestart(Incident):
 
 @dataclass(frozen=True)
 class BrokerDataLoss(Incident):
-    """The broker comes back without the records it acknowledged (the memory broker restarted).
+    """The broker comes back without the records it acknowledged (its data wiped while it was down).
 
     ``begin`` returns once the broker answers again, so the incident's window is the outage itself.
     """
@@ -270,10 +270,11 @@ class BrokerDataLoss(Incident):
     def begin(self, stage: Stage) -> str:
         """Kill the broker and start it again without its data (returns once it answers)."""
         _broker(stage, self.kind).restart(self.downtime_s, lose_data=True)
-        # The simulator's idempotent producer is unknown to the new broker and would never deliver again.
-        stage.renew_producer()
+        # The broker came back without topics and creates none itself: the simulator makes its own again.
+        stage.recreate_topics()
         return (
-            f"broker killed, down {self.downtime_s:g} s, answering again without its data; producer renewed"
+            f"broker killed, down {self.downtime_s:g} s, answering again without its data; "
+            "topics created again"
         )
 
 
@@ -563,7 +564,7 @@ class WorkerKill(Incident):
 def _broker(stage: Stage, kind: str) -> BrokerControl:
     if stage.broker is None:
         raise HarnessError(
-            f"incident {kind} needs control of the broker: the embedded broker, or --broker-stop-cmd and "
+            f"incident {kind} needs control of the broker: a local one, or --broker-stop-cmd and "
             "--broker-start-cmd for a cluster"
         )
     return stage.broker

@@ -1,6 +1,6 @@
 """The harness side of a Locust session: ``python -m loadtest.live CONFIG.json``.
 
-The Locust master (or the only Locust process) starts this process once. It starts the embedded broker and
+The Locust master (or the only Locust process) starts this process once. It starts a local broker and
 the pipeline (unless told of running ones), then, for each Locust run, measures and verifies while the load
 goes on and gives the run's verdict at the end, with the same parts and rules as ``sotw run``:
 
@@ -49,12 +49,12 @@ from loadtest.report import write_report
 from loadtest.results import Correctness, Results
 from loadtest.runner import _apply_schedule, _Clock, _data_loss_reports, _drain, _pipeline_warm, _settle
 from loadtest.samplers import KafkaLagProbe, OutputProbe, ProgressProbe, ResourceProbe, Sampler
-from loadtest.stage import EmbeddedControl, RunStage
+from loadtest.stage import LocalControl, RunStage
 from loadtest.triage import Triager
 from loadtest.values import read_snapshots
 from loadtest.verify import PipelineOutput, read_output, verify
 from simulator.config import FaultConfig
-from sotw.broker import EmbeddedBroker
+from sotw.broker import LocalBroker, local_broker
 from sotw.errors import SotwError
 from sotw.kafka import KafkaConfig, topic_pattern
 
@@ -112,9 +112,9 @@ class FleetRelay:
         """Have ``count`` sensors join, shared among the simulators."""
         self._events.send("fleet", op="add_sensors", count=count)
 
-    def renew_producer(self) -> None:
-        """Give every simulator a new producer."""
-        self._events.send("fleet", op="renew_producer")
+    def recreate_topics(self) -> None:
+        """Have every simulator create its sensors' topics again."""
+        self._events.send("fleet", op="recreate_topics")
 
     def sample(self) -> dict[str, Any]:
         """The fleet's counters as sampler columns (those ``sotw run`` records for its simulator)."""
@@ -482,8 +482,8 @@ class Session:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.prefix = config.base_prefix(self.profile)
         self.stack = contextlib.ExitStack()
-        self.broker: EmbeddedBroker | None = None
-        self.control: EmbeddedControl | None = None
+        self.broker: LocalBroker | None = None
+        self.control: LocalControl | None = None
         self.pipeline: PipelineProcess | None = None
         self._kafka: KafkaConfig | None = None
         self.output: Path | None = Path(config.output) if config.output else None
@@ -494,7 +494,7 @@ class Session:
 
     @property
     def kafka(self) -> KafkaConfig:
-        """The cluster (the embedded broker's once it runs)."""
+        """The cluster (the local broker's once it runs)."""
         if self._kafka is None:
             raise HarnessError("the session has not started its broker")
         return self._kafka
@@ -505,11 +505,10 @@ class Session:
         if config.bootstrap is not None:
             self._kafka = KafkaConfig(config.bootstrap, dict(config.kafka_settings))
         else:
-            durable = config.broker == "durable"
             self.broker = self.stack.enter_context(
-                EmbeddedBroker(log_path=self.dir / "broker.log", durable=durable)
+                local_broker(config.broker, log_path=self.dir / "broker.log")
             )
-            self.control = EmbeddedControl(self.broker)
+            self.control = LocalControl(self.broker)
             self._kafka = KafkaConfig(self.broker.bootstrap, dict(config.kafka_settings))
         if config.pipeline:
             root = self.dir / "pipeline"

@@ -9,8 +9,8 @@ worker owns a disjoint part of the fleet and writes its own ledger; the run is v
 What Locust shows: ``kafka``/``publish ack`` request events (aggregated: one per bucket of response time per
 second, counting every message), and sotw's own tabs and panel (``loadtest.webui``): consumer lag per topic,
 end-to-end latency over time, the pipeline's batches, injected versus detected faults, the live verifier's
-verdict so far, fault-rate controls and incident buttons. The harness process (``loadtest.live``) starts the
-embedded broker and the pipeline unless ``--bootstrap``/``--no-pipeline`` say otherwise, and ends each run
+verdict so far, fault-rate controls and incident buttons. The harness process (``loadtest.live``) starts a
+local broker and the pipeline unless ``--bootstrap``/``--no-pipeline`` say otherwise, and ends each run
 the way ``sotw run`` does (drain, settle, verify, ``results.json`` and report).
 
 Load shapes by name (``--shape steady|step|spike|soak``, ``loadtest.shapes``); without one, users and spawn
@@ -43,6 +43,7 @@ from loadtest.headless import Gates
 from loadtest.profile import parse_load
 from loadtest.shapes import SHAPES, make_shape
 from loadtest.webui import install
+from sotw.broker.local import BROKERS
 from sotw.cliargs import kafka_settings
 from sotw.errors import SotwError
 
@@ -69,7 +70,7 @@ def add_options(parser: Any) -> None:
     option(
         "--bootstrap",
         metavar="HOST:PORT",
-        help="sotw: a running Kafka cluster (default: start the embedded broker)",
+        help="sotw: a running Kafka cluster (default: start a local broker, --broker)",
     )
     option(
         "--kafka-config",
@@ -155,9 +156,9 @@ def add_options(parser: Any) -> None:
     )
     option(
         "--broker",
-        choices=("memory", "durable"),
-        default="memory",
-        help="sotw: the embedded broker's storage",
+        choices=BROKERS,
+        default="kafka",
+        help="sotw: the local broker (one Kafka node, or kafka-3)",
     )
     option(
         "--run-dir",

@@ -376,10 +376,10 @@ def run_night(config: NightlyConfig, say: Callable[[str], None] = lambda _: None
     Without ``config.bootstrap`` one broker is started for the night and every benchmark uses it.
     """
     if not config.bootstrap:
-        from sotw.broker import EmbeddedBroker
+        from sotw.broker import KafkaBroker
 
         config.root.mkdir(parents=True, exist_ok=True)
-        with EmbeddedBroker(log_path=config.root / "broker.log") as broker:
+        with KafkaBroker(log_path=config.root / "broker.log") as broker:
             say(f"nightly: the night's broker at {broker.bootstrap}")
             return run_night(dataclasses.replace(config, bootstrap=broker.bootstrap), say)
     started = time.gmtime()

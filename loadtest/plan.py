@@ -7,7 +7,7 @@
   line through every batch's (messages, seconds) gives a fixed cost per batch ``F`` and a cost per message ``c``,
   each with its standard error;
 * **one partition**: a backlog in a single Kafka partition drained alone, the rate one partition carries;
-* **broker cost per message**: the embedded broker's CPU while the backlog is written and while it is read;
+* **broker cost per message**: a local Kafka broker's CPU while the backlog is written and while it is read;
 * **memory per active session**: the state store's memory over its sessions at the end of the large-batch drain.
 
 ``sotw plan --sensors N --rate R --p99 X`` then answers with a model of a continuously triggered query: at rate
@@ -332,8 +332,8 @@ def plan_text(meas: Measurements, fleet: Fleet, answer: dict[str, Any], source: 
         "- End-to-end p99 ~ one batch interval (waiting to be read) + one batch time; the trigger is "
         f"{fleet.trigger_s:g} s.",
         "- One active session per sensor at a time; state memory is linear in the rows of a session's table.",
-        "- The broker's cost was measured on the embedded broker (Tansu); a Kafka broker's differs, and writing "
-        "a message costs each replica the same.",
+        "- The broker's cost was measured on one local Kafka node; with replication, writing a message costs "
+        "each replica about the same again.",
         "- The messages are the simulator's: the same size and mix of snapshots and updates as the backlog.",
     ]
     return "\n".join(lines) + "\n"
@@ -444,11 +444,11 @@ def measure(
     from loadtest.nightly import machine
     from pipeline.progress import input_messages
     from simulator import Simulator
-    from sotw.broker import EmbeddedBroker
+    from sotw.broker import KafkaBroker
     from sotw.kafka import KafkaConfig
 
     root.mkdir(parents=True, exist_ok=True)
-    with EmbeddedBroker(log_path=root / "broker.log") as broker:
+    with KafkaBroker(log_path=root / "broker.log") as broker:
         kafka = KafkaConfig(broker.bootstrap)
 
         def broker_cpu() -> float:

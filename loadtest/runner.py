@@ -30,10 +30,10 @@ from loadtest.profile import Profile
 from loadtest.recovery import Stop
 from loadtest.results import Phase, Results
 from loadtest.samplers import ResourceProbe, Sampler, ThreadCpuProbe
-from loadtest.stage import BrokerCommands, CommandControl, EmbeddedControl, RunStage, SimulatorControls
+from loadtest.stage import BrokerCommands, CommandControl, LocalControl, RunStage, SimulatorControls
 from loadtest.verify import verify_run
 from simulator.producer import Simulator
-from sotw.broker import EmbeddedBroker
+from sotw.broker import local_broker
 from sotw.kafka import KafkaConfig
 
 log = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ class RunRequest:
     run_dir
         Everything the run writes goes here (must not exist yet, or be empty).
     kafka
-        A running cluster; None starts the embedded broker for this run.
+        A running cluster; None starts a local broker (``broker``) for this run.
     pipeline_args
         Extra ``sotw pipeline`` flags (the harness's self-tests use ``--drop-batch``).
     command
@@ -60,7 +60,8 @@ class RunRequest:
     incidents
         Game-day incidents during the steady phase, besides the profile's own.
     broker
-        The embedded broker's storage: ``memory``, or ``durable`` (its data survives a restart).
+        The local broker to start when ``kafka`` is None: ``kafka`` (one Apache Kafka node, the default) or
+        ``kafka-3`` (three nodes; ``sotw.broker.BROKERS``).
     broker_commands
         How to stop, start, freeze and thaw the broker of a cluster given with ``kafka``, for incidents.
     job
@@ -75,7 +76,7 @@ class RunRequest:
     pipeline_args: tuple[str, ...] = ()
     command: str = ""
     incidents: tuple[Incident, ...] = ()
-    broker: str = "memory"
+    broker: str = "kafka"
     broker_commands: BrokerCommands | None = None
     job: JobSpec | None = None
 
@@ -144,12 +145,11 @@ def execute(request: RunRequest, stop: threading.Event | None = None, progress: 
     with contextlib.ExitStack() as stack:
         control: BrokerControl | None
         if request.kafka is None:
-            durable = request.broker == "durable"
-            progress(f"starting the embedded broker{' (durable)' if durable else ''}")
-            broker = stack.enter_context(EmbeddedBroker(log_path=run_dir / "broker.log", durable=durable))
+            progress(f"starting the local broker ({request.broker})")
+            broker = stack.enter_context(local_broker(request.broker, log_path=run_dir / "broker.log"))
             kafka = KafkaConfig(broker.bootstrap)
             broker_pids: Callable[[], list[int] | None] = lambda: list(broker.pids.values()) or None  # noqa: E731
-            control = EmbeddedControl(broker)
+            control = LocalControl(broker)
         else:
             kafka = request.kafka
             broker_pids = lambda: None  # noqa: E731 - a remote broker's CPU is not ours to measure

@@ -2,7 +2,7 @@
 
 ``RunStage`` implements ``loadtest.incidents.Stage`` for the runner. It also remembers whether the pipeline is
 down on purpose (an incident killed or stopped it), so the runner can tell a pipeline that an incident took
-down from one that stopped on its own. The broker is controlled through ``EmbeddedControl`` (the embedded
+down from one that stopped on its own. The broker is controlled through ``LocalControl`` (the local
 broker's own methods) or ``CommandControl`` (commands a user gives for a real cluster).
 """
 
@@ -25,16 +25,16 @@ from loadtest.incidents import BrokerControl
 from loadtest.processes import PipelineProcess
 from loadtest.profile import PipelineSettings, Profile
 from simulator.config import FaultConfig
-from sotw.broker import EmbeddedBroker
+from sotw.broker import LocalBroker
 from sotw.errors import SotwError
 
 log = logging.getLogger(__name__)
 
 
-class EmbeddedControl:
-    """``BrokerControl`` over the embedded broker (``sotw.broker.EmbeddedBroker``)."""
+class LocalControl:
+    """``BrokerControl`` over a broker the harness started (``sotw.broker.local_broker``)."""
 
-    def __init__(self, broker: EmbeddedBroker) -> None:
+    def __init__(self, broker: LocalBroker) -> None:
         self.broker = broker
 
     def pause(self) -> None:
@@ -90,7 +90,10 @@ class CommandControl:
     def restart(self, downtime_s: float, lose_data: bool) -> None:
         """Run the stop command, wait, run the start command."""
         if lose_data:
-            raise HarnessError("broker_data_loss needs the embedded broker: a real cluster keeps its data")
+            raise HarnessError(
+                "broker_data_loss needs a local broker (its data is wiped): "
+                "a cluster given with --bootstrap keeps its data"
+            )
         self._run("stop")
         time.sleep(downtime_s)
         self._run("start")
@@ -111,8 +114,8 @@ class SimulatorControls(Protocol):
     def add_sensors(self, count: int) -> None:
         """Have ``count`` sensors join."""
 
-    def renew_producer(self) -> None:
-        """Replace the producer."""
+    def recreate_topics(self) -> None:
+        """Create the sensors' topics again."""
 
 
 class RunStage:
@@ -181,9 +184,9 @@ class RunStage:
         """Have ``count`` sensors join now."""
         self.simulator.add_sensors(count)
 
-    def renew_producer(self) -> None:
-        """Give the simulator a new producer (after the broker lost the producer ids it knew)."""
-        self.simulator.renew_producer()
+    def recreate_topics(self) -> None:
+        """Have the simulator create its topics again (after the broker lost its data)."""
+        self.simulator.recreate_topics()
 
     def kill_pipeline(self) -> None:
         """SIGKILL the pipeline's whole process tree."""

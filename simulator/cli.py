@@ -1,7 +1,7 @@
 """``sotw simulate``: run the sensor fleet from flags or a TOML scenario, with a live progress line.
 
 This is the edge: flags and scenario files become a ``SimulatorConfig`` here and nowhere else. Without
-``--bootstrap`` an embedded Tansu broker is started for the run and stopped after it.
+``--bootstrap`` a local Apache Kafka broker is started for the run and stopped after it.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any, TextIO
 
 from simulator.config import PRODUCER_PATHS, FaultConfig, SimulatorConfig, SimulatorError, load_scenario
 from simulator.producer import RunSummary, Simulator, SimulatorStats
-from sotw.broker import EmbeddedBroker
+from sotw.broker import local_broker
 from sotw.cliargs import add_kafka_args, add_logging_args, kafka_config, setup_logging
 from sotw.kafka import parse_settings
 
@@ -293,8 +293,8 @@ def main(argv: Sequence[str]) -> int:
             except ValueError as exc:
                 raise SimulatorError(str(exc)) from None
         else:
-            broker = stack.enter_context(EmbeddedBroker())
-            print(f"embedded broker at {broker.bootstrap} (for this run only)", file=sys.stderr)
+            broker = stack.enter_context(local_broker())
+            print(f"local Apache Kafka broker at {broker.bootstrap} (for this run only)", file=sys.stderr)
             try:
                 kafka = kafka_config(args, broker.bootstrap)
             except ValueError as exc:

@@ -25,7 +25,7 @@ class SimulatorError(SotwError):
 
 #: librdkafka settings the simulator starts from: idempotent, acks from all replicas, big batches. A fleet
 #: spreads its rate over one topic per sensor, so a short linger sends many tiny batches: 100 ms keeps
-#: librdkafka's requests (and the embedded broker's stored batches, which each read lists) few, at the cost
+#: librdkafka's requests (and the broker's record batches) few, at the cost
 #: of up to 0.1 s more publish latency, small beside a pipeline's trigger interval.
 DEFAULT_PRODUCER: Mapping[str, str] = {
     "enable.idempotence": "true",

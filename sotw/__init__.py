@@ -1,4 +1,4 @@
-"""Shared pieces of sotw: the wire format, the embedded broker, Kafka settings and the CLI front door."""
+"""Shared pieces of sotw: the wire format, the local brokers, Kafka settings and the CLI front door."""
 
 from sotw.errors import SotwError
 

@@ -13,7 +13,7 @@ from sotw.errors import SotwError
 
 # command -> (module with main(argv), one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "broker": ("sotw.broker_cli", "run the embedded Kafka-compatible broker (Tansu) until Ctrl-C"),
+    "broker": ("sotw.broker_cli", "run Apache Kafka (one node or --nodes 3) on this machine until Ctrl-C"),
     "simulate": ("simulator.cli", "run the sensor fleet: snapshots, updates, faults and a ledger"),
     "pipeline": ("pipeline.cli", "run the PySpark pipeline, or `pipeline inspect OUTPUT`"),
     "run": ("loadtest.cli", "one load-test run at a load factor (1x, 10x, ...) with a report"),
@@ -37,7 +37,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "how many executor cores, partitions and brokers a fleet needs (`plan measure`)",
     ),
     "cluster": ("loadtest.cluster", "a Spark standalone cluster on this machine until Ctrl-C (for --master)"),
-    "demo": ("loadtest.demo", "the README demo on the embedded broker"),
+    "demo": ("loadtest.demo", "the README demo on a local Apache Kafka broker"),
 }
 
 

@@ -19,7 +19,7 @@ def add_kafka_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--bootstrap",
         metavar="HOST:PORT",
-        help="a running Kafka cluster (default: start the embedded Tansu broker for this command)",
+        help="a running Kafka cluster (default: start a local Apache Kafka broker for this command)",
     )
     group.add_argument(
         "--kafka-config",
@@ -50,7 +50,7 @@ def kafka_settings(args: argparse.Namespace) -> dict[str, str]:
 
 
 def kafka_config(args: argparse.Namespace, bootstrap: str | None = None) -> KafkaConfig:
-    """Build the ``KafkaConfig`` for ``--bootstrap`` (or the given embedded broker's address)."""
+    """Build the ``KafkaConfig`` for ``--bootstrap`` (or the given local broker's address)."""
     address = bootstrap or args.bootstrap
     if not address:
         raise ValueError("no Kafka cluster: pass --bootstrap HOST:PORT")

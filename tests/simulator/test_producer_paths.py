@@ -10,7 +10,7 @@ import pytest
 
 from simulator import Simulator, SimulatorConfig, SimulatorError, rdkafka
 from simulator.ledger import NOT_ACKNOWLEDGED
-from sotw.broker import EmbeddedBroker
+from sotw.broker import KafkaBroker
 from sotw.kafka import KafkaConfig
 from tests.simulator.conftest import read_ledger
 
@@ -52,7 +52,7 @@ def test_an_unknown_producer_path_is_refused_naming_the_choices():
 def test_a_broker_that_dies_mid_run_leaves_every_row_in_the_ledger_with_what_became_of_it(
     tmp_path, unique_prefix, producer_path
 ):
-    with EmbeddedBroker() as broker:
+    with KafkaBroker() as broker:
         config = SimulatorConfig(
             sensors=3,
             rows=10,
@@ -69,7 +69,7 @@ def test_a_broker_that_dies_mid_run_leaves_every_row_in_the_ledger_with_what_bec
         def kill_once_acknowledged() -> None:
             while sim.stats().acked < 500:
                 time.sleep(0.01)
-            broker.process.kill()  # a crash: SIGTERM lets the broker wait for its clients
+            broker.kill_node(1)  # a crash, with messages in flight
 
         killer = threading.Thread(target=kill_once_acknowledged, daemon=True)
         killer.start()

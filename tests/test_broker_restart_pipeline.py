@@ -1,5 +1,5 @@
-"""The whole system on the durable embedded broker: a backlog written by the simulator survives a broker
-restart, and the pipeline drains it into the same output as on the memory broker."""
+"""The whole system across a broker crash: a backlog written by the simulator survives a SIGKILL of the Kafka
+broker and its restart, and the pipeline drains it into the same output as from a broker never restarted."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pipeline.config import PipelineConfig
 from pipeline.inspect import read_dataset
 from pipeline.policies import PolicyConfig
 from simulator import Simulator, SimulatorConfig
-from sotw.broker import EmbeddedBroker
+from sotw.broker import KafkaBroker
 from sotw.kafka import KafkaConfig, topic_pattern
 
 
@@ -42,7 +42,7 @@ def drain(spark, kafka: KafkaConfig, prefix: str, where: Path) -> dict[str, list
     return out
 
 
-def test_a_backlog_on_a_restarted_durable_broker_drains_to_the_same_output_as_on_memory(
+def test_a_backlog_on_a_killed_and_restarted_broker_drains_to_the_same_output_as_on_one_never_restarted(
     spark, kafka, tmp_path, unique_prefix
 ):
     # A fixed number of messages sent as fast as the broker takes them: the same messages on both brokers.
@@ -58,15 +58,15 @@ def test_a_backlog_on_a_restarted_durable_broker_drains_to_the_same_output_as_on
         seed=13,
     )
     # Same run directory name on both: it is mixed into every session id.
-    on_memory = Simulator(config, kafka, tmp_path / "memory" / "run").run()
-    reference = drain(spark, kafka, config.topic_prefix, tmp_path / "memory")
+    steady = Simulator(config, kafka, tmp_path / "steady" / "run").run()
+    reference = drain(spark, kafka, config.topic_prefix, tmp_path / "steady")
 
-    with EmbeddedBroker(durable=True, stop_grace_s=1.0) as broker:
-        durable = KafkaConfig(broker.bootstrap)
-        on_durable = Simulator(config, durable, tmp_path / "durable" / "run").run()
-        assert on_durable.stats.acked == on_memory.stats.acked > 0
-        assert on_durable.unacknowledged == on_memory.unacknowledged == 0
+    with KafkaBroker() as broker:
+        crashed = KafkaConfig(broker.bootstrap)
+        on_crashed = Simulator(config, crashed, tmp_path / "crashed" / "run").run()
+        assert on_crashed.stats.acked == steady.stats.acked > 0
+        assert on_crashed.unacknowledged == steady.unacknowledged == 0
         broker.restart(kill=True)
-        assert drain(spark, durable, config.topic_prefix, tmp_path / "durable") == reference
+        assert drain(spark, crashed, config.topic_prefix, tmp_path / "crashed") == reference
     assert reference["sessions"] and reference["changes"]
     assert reference["integrity"] == [] and reference["dead_letters"] == []

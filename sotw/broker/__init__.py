@@ -1,0 +1,25 @@
+"""Apache Kafka on this machine: the broker ``sotw broker``, every run, drill and test session start.
+
+``local_broker`` (``sotw.broker.local``) starts one node or a three-node cluster by name; ``KafkaBroker``
+(``sotw.broker.kafka``) is the broker itself, with the incidents of game days. It is for rehearsals on one
+machine: pass ``--bootstrap`` to any command to use a real cluster. docs/broker.md says what each incident
+does to clients.
+"""
+
+from sotw.broker.config import KafkaBrokerConfig
+from sotw.broker.kafka import KafkaBroker
+from sotw.broker.local import BROKERS, LocalBroker, local_broker
+from sotw.broker.net import free_port, port_in_use, wait_for_kafka
+from sotw.outage import Outage
+
+__all__ = [
+    "BROKERS",
+    "KafkaBroker",
+    "KafkaBrokerConfig",
+    "LocalBroker",
+    "Outage",
+    "free_port",
+    "local_broker",
+    "port_in_use",
+    "wait_for_kafka",
+]

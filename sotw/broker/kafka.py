@@ -1,0 +1,603 @@
+"""Apache Kafka on this machine: one KRaft node, or a cluster of them, with the incidents of game days.
+
+Each node is one JVM (``kafka.Kafka``) that is both broker and controller, run from the jars ``make setup``
+fetched (``sotw.jars``), with its data under a directory the broker owns. ``KafkaBroker`` starts and stops
+them, and offers the incidents of game days (pause, restart keeping or losing data, the proxy's network cuts),
+plus what a cluster adds: a node killed, stopped or started on its own, leadership and replication looked up
+through the admin API. docs/broker.md says what clients see in each.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from confluent_kafka.admin import AdminClient
+
+from sotw.broker.config import (
+    LOG4J2,
+    KafkaBrokerConfig,
+    NodePorts,
+    jvm_args,
+    node_properties,
+    properties_text,
+)
+from sotw.broker.net import free_port, port_in_use
+from sotw.broker.storage import DataDir
+from sotw.errors import BrokerError, SetupError
+from sotw.jars import classpath
+from sotw.java import find_java
+from sotw.outage import Outage, now_ms
+from sotw.processgroup import ProcessGroup
+from sotw.proxy import TcpProxy
+
+log = logging.getLogger(__name__)
+
+#: How many lines of a node's log an error message quotes.
+LOG_TAIL = 25
+
+
+def log_tail(path: Path, lines: int = LOG_TAIL) -> str:
+    """The last ``lines`` lines of ``path`` (empty if it cannot be read)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - 64 * 1024))
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+@dataclass
+class _Node:
+    """One node's files, ports and process (None while it is down)."""
+
+    id: int
+    dir: Path
+    log_path: Path
+    ports: NodePorts
+    process: subprocess.Popen[bytes] | None = None
+    proxy: TcpProxy | None = None
+    down_on_purpose: bool = False
+
+    @property
+    def data(self) -> Path:
+        """The node's ``log.dirs`` (its records and its copy of the cluster's metadata)."""
+        return self.dir / "data"
+
+    @property
+    def properties(self) -> Path:
+        return self.dir / "server.properties"
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+
+class KafkaBroker(contextlib.AbstractContextManager["KafkaBroker"]):
+    """Apache Kafka nodes on loopback, started on enter and stopped on exit, with incidents for drills.
+
+    Every node is broker and controller (KRaft combined mode) and runs in one ``ProcessGroup``: the JVMs stop
+    with the broker and are killed if the process that started them dies. Data lives on disk, so ``restart``
+    keeps every acknowledged record; ``restart(lose_data=True)`` wipes the nodes' log directories while they
+    are down. The methods are thread-safe, so a drill thread can call them while others produce and consume.
+
+    Parameters
+    ----------
+    config
+        What to start; keyword arguments change single fields of it (``KafkaBroker(nodes=3)``).
+
+    Attributes
+    ----------
+    outages
+        Every finished incident, oldest first (proxies keep their own in ``proxy.outages``).
+    """
+
+    def __init__(self, config: KafkaBrokerConfig | None = None, /, **changes: Any) -> None:
+        self.config = replace(config or KafkaBrokerConfig(), **changes)
+        self.outages: list[Outage] = []
+        self._nodes: dict[int, _Node] = {}
+        self._storage: DataDir | None = None
+        self._group: ProcessGroup | None = None
+        self._java = ""
+        self._classpath = ""
+        self._paused_ms: int | None = None
+        self._admin: AdminClient | None = None
+        self._lock = threading.RLock()
+
+    # ---- what clients and samplers see ---------------------------------------------------------------
+
+    @property
+    def host(self) -> str:
+        """The loopback address every listener binds."""
+        return self.config.host
+
+    @property
+    def port(self) -> int:
+        """The first node's client port (0 before ``start`` when a free one is to be picked)."""
+        return self._nodes[1].ports.client if self._nodes else self.config.port
+
+    @property
+    def bootstrap(self) -> str:
+        """``HOST:PORT[,HOST:PORT...]``: every node's client address (its proxy's when proxied)."""
+        return ",".join(f"{self.host}:{n.ports.client}" for n in self._nodes.values())
+
+    @property
+    def node_ids(self) -> list[int]:
+        """The nodes' ids, 1 to ``nodes``."""
+        return sorted(self._nodes)
+
+    @property
+    def cluster_id(self) -> str | None:
+        """The KRaft cluster id (None before ``start``)."""
+        return self._storage.cluster_id if self._storage is not None else None
+
+    @property
+    def data_dir(self) -> Path | None:
+        """The directory the nodes keep their data in (None before ``start``)."""
+        return self._storage.path if self._storage is not None else None
+
+    @property
+    def pids(self) -> dict[str, int]:
+        """Process ids of the running nodes, ``kafka`` (one node) or ``kafka-N``, for resource sampling."""
+        one = len(self._nodes) == 1
+        return {
+            "kafka" if one else f"kafka-{n.id}": n.process.pid
+            for n in self._nodes.values()
+            if n.process is not None and n.alive()
+        }
+
+    @property
+    def proxy(self) -> TcpProxy | None:
+        """The proxy in front of a one-node broker when ``proxied`` (a cluster has ``proxies``)."""
+        return self._nodes[1].proxy if len(self._nodes) == 1 else None
+
+    @property
+    def proxies(self) -> dict[int, TcpProxy]:
+        """Each node's proxy when ``proxied``, by node id."""
+        return {n.id: n.proxy for n in self._nodes.values() if n.proxy is not None}
+
+    @property
+    def paused(self) -> bool:
+        """True between ``pause`` and ``resume``."""
+        return self._paused_ms is not None
+
+    def log_path(self, node: int = 1) -> Path:
+        """Where ``node``'s output goes."""
+        return self._node(node).log_path
+
+    # ---- start and stop ------------------------------------------------------------------------------
+
+    def start(self) -> KafkaBroker:
+        """Start every node and wait until all of them answer; nothing is left running if that fails.
+
+        Raises
+        ------
+        BrokerError
+            Naming the fix: Java missing or older than 17, the jars missing or damaged (``make setup``), a
+            port taken, a data directory of another cluster, or a node that never became ready (with the end
+            of its log).
+        """
+        with self._lock:
+            try:
+                self._java = find_java(self.config.java)
+                self._classpath = ":".join(str(p) for p in classpath("kafka"))
+            except SetupError as exc:
+                raise BrokerError(str(exc)) from None
+            cfg = self.config
+            if cfg.port and port_in_use(cfg.host, cfg.port):
+                raise BrokerError(
+                    f"port {cfg.port} on {cfg.host} is taken; choose another with --port or use 0"
+                )
+            try:
+                self._storage = DataDir.open(cfg.data_dir, cfg.nodes, cfg.cluster_id)
+                self._group = ProcessGroup()
+                self._layout()
+                for node in self._nodes.values():
+                    self._write_config(node)
+                self._format([n for n in self._nodes.values() if not self._storage.formatted(n.data)])
+                for node in self._nodes.values():
+                    self._spawn(node)
+                self._wait_ready(self._nodes.values(), time.monotonic() + cfg.start_timeout)
+            except BaseException:
+                self.stop()
+                raise
+            log.info(
+                "Apache Kafka (%d node%s) listening on %s, data in %s",
+                cfg.nodes,
+                "" if cfg.nodes == 1 else "s",
+                self.bootstrap,
+                self.data_dir,
+            )
+            return self
+
+    def _layout(self) -> None:
+        """Choose every node's ports and files, and start the proxies."""
+        cfg = self.config
+        assert self._storage is not None
+        ports: dict[int, NodePorts] = {}
+        taken: set[int] = set()
+
+        def pick() -> int:
+            while (port := free_port(cfg.host)) in taken:
+                pass
+            taken.add(port)
+            return port
+
+        if cfg.port:
+            taken.add(cfg.port)
+        for node in range(1, cfg.nodes + 1):
+            client = cfg.port if node == 1 and cfg.port else pick()
+            listen = pick() if cfg.proxied else client
+            ports[node] = NodePorts(client=client, listen=listen, internal=pick(), controller=pick())
+        for node, p in ports.items():
+            folder = self._storage.node_dir(node)
+            if cfg.log_path is None:
+                log_path = folder / "server.log"
+            elif cfg.nodes == 1:
+                log_path = cfg.log_path
+            else:
+                log_path = cfg.log_path.with_name(f"{cfg.log_path.stem}-{node}{cfg.log_path.suffix}")
+            self._nodes[node] = _Node(node, folder, log_path, p)
+        if cfg.proxied:
+            for n in self._nodes.values():
+                n.proxy = TcpProxy(cfg.host, n.ports.listen, cfg.host, n.ports.client).start()
+
+    def _write_config(self, node: _Node) -> None:
+        node.dir.mkdir(parents=True, exist_ok=True)
+        node.log_path.parent.mkdir(parents=True, exist_ok=True)
+        props = node_properties(
+            self.config, node.id, {n.id: n.ports for n in self._nodes.values()}, node.data
+        )
+        node.properties.write_text(properties_text(props))
+        (node.dir / "log4j2.properties").write_text(LOG4J2)
+
+    def _java_command(self, node: _Node, main: Sequence[str]) -> list[str]:
+        return [
+            self._java,
+            *jvm_args(self.config, node.dir / "log4j2.properties"),
+            "-cp",
+            self._classpath,
+            *main,
+        ]
+
+    def _format(self, nodes: Sequence[_Node]) -> None:
+        """Format the log directories of ``nodes`` for the cluster id, in parallel (one short JVM each)."""
+        assert self._group is not None and self._storage is not None
+        cluster_id = self._storage.cluster_id
+        running = []
+        for node in nodes:
+            node.data.mkdir(parents=True, exist_ok=True)
+            cmd = self._java_command(
+                node, ["kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(node.properties)]
+            )
+            # The tool needs no more heap than the default's start; the node's fixed heap would be waste.
+            cmd = [a for a in cmd if not a.startswith(("-Xms", "-Xmx"))]
+            running.append((node, self._group.spawn(cmd, {}, node.log_path)))
+        for node, proc in running:
+            try:
+                code = proc.wait(max(30.0, self.config.start_timeout))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                code = None
+            if code != 0:
+                raise BrokerError(
+                    f"formatting node {node.id}'s storage {node.data} failed (exit code {code}); "
+                    f"the end of {node.log_path}:\n{log_tail(node.log_path)}"
+                )
+
+    def _spawn(self, node: _Node) -> None:
+        assert self._group is not None
+        for port in (node.ports.listen, node.ports.internal, node.ports.controller):
+            if port_in_use(self.host, port):
+                raise BrokerError(f"port {port} on {self.host} (node {node.id}) is taken by another process")
+        node.process = self._group.spawn(
+            self._java_command(node, ["kafka.Kafka", str(node.properties)]), {}, node.log_path
+        )
+        node.down_on_purpose = False
+
+    def _wait_ready(self, nodes: Iterable[_Node], deadline: float) -> None:
+        """Block until each of ``nodes`` is registered and serving, as the metadata of every node shows it."""
+        waiting = {n.id: n for n in nodes}
+        admin: AdminClient | None = None
+        while waiting:
+            for node in waiting.values():
+                if node.process is None or node.process.poll() is not None:
+                    code = None if node.process is None else node.process.returncode
+                    raise BrokerError(
+                        f"Kafka node {node.id} exited with code {code} while starting; "
+                        f"the end of {node.log_path}:\n{log_tail(node.log_path)}"
+                    )
+            if admin is None and all(port_in_use(self.host, n.ports.listen) for n in waiting.values()):
+                # Only once the listeners accept: before, librdkafka logs every refused connection.
+                listen = ",".join(f"{self.host}:{n.ports.listen}" for n in waiting.values())
+                admin = AdminClient({"bootstrap.servers": listen, "log_level": 0})
+            if admin is not None:
+                with contextlib.suppress(Exception):  # KafkaException while the nodes are still coming up
+                    brokers = admin.list_topics(timeout=1.0).brokers
+                    for node_id in list(waiting):
+                        if node_id in brokers:
+                            del waiting[node_id]
+            if not waiting:
+                return
+            if time.monotonic() > deadline:
+                node = next(iter(waiting.values()))
+                raise BrokerError(
+                    f"Kafka node {node.id} did not become ready within {self.config.start_timeout:g} s; "
+                    f"the end of {node.log_path}:\n{log_tail(node.log_path)}"
+                )
+            time.sleep(0.1)
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Stop every node and the proxies; remove a temporary data directory.
+
+        Nodes with data to keep get SIGTERM all at once (stopped one by one, the last ones would wait in
+        controlled shutdown for a controller quorum already gone), and SIGKILL after ``timeout`` seconds
+        (``stop_grace_s`` by default). Nodes of a temporary directory are killed at once: there is nothing to
+        keep, and a cluster's controlled shutdown still waits about 5 s for its quorum. A paused broker is
+        resumed first.
+        """
+        with self._lock:
+            self.resume()
+            self._admin = None
+            nodes = list(self._nodes.values())
+            if self._storage is not None and self._storage.temporary:
+                self._terminate(nodes, 0.0, kill=True)
+            else:
+                self._terminate(nodes, self.config.stop_grace_s if timeout is None else timeout)
+            for node in self._nodes.values():
+                if node.proxy is not None:
+                    node.proxy.stop()
+                    node.proxy = None
+            group, self._group = self._group, None
+            if group is not None:
+                group.close()
+            storage, self._storage = self._storage, None
+            if storage is not None:
+                storage.close()
+
+    def _terminate(self, nodes: Sequence[_Node], grace_s: float, kill: bool = False) -> None:
+        """SIGTERM (or SIGKILL) ``nodes`` at once and reap them; SIGKILL what is left after ``grace_s``."""
+        procs = [n.process for n in nodes if n.process is not None]
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
+                if not kill:
+                    proc.send_signal(signal.SIGCONT)  # a paused node handles its SIGTERM only once it runs
+        deadline = time.monotonic() + grace_s
+        for proc in procs:
+            try:
+                proc.wait(None if kill else max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.warning("Kafka pid %d did not stop within %g s of SIGTERM: killed", proc.pid, grace_s)
+                proc.kill()
+                proc.wait()
+        for node in nodes:
+            node.process = None
+
+    def __enter__(self) -> KafkaBroker:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    # ---- incidents -----------------------------------------------------------------------------------
+
+    def _node(self, node_id: int) -> _Node:
+        try:
+            return self._nodes[node_id]
+        except KeyError:
+            raise BrokerError(
+                f"no node {node_id}: the broker's nodes are {self.node_ids or 'not started'}"
+            ) from None
+
+    def _targets(self, node: int | None) -> list[_Node]:
+        return list(self._nodes.values()) if node is None else [self._node(node)]
+
+    def check_alive(self) -> None:
+        """Raise ``BrokerError`` if a node that should be running has gone away."""
+        with self._lock:
+            if not self._nodes:
+                raise BrokerError("the Kafka broker is not running")
+            for node in self._nodes.values():
+                if not node.down_on_purpose and not node.alive():
+                    code = None if node.process is None else node.process.returncode
+                    raise BrokerError(
+                        f"Kafka node {node.id} at {self.host}:{node.ports.client} is gone "
+                        f"(exit code {code}); see {node.log_path}"
+                    )
+
+    def pause(self, node: int | None = None) -> None:
+        """Freeze the nodes (or one node) with SIGSTOP, as a hung broker or a long GC pause; no-op if paused.
+
+        Connections stay open and nothing is answered: clients' requests wait until ``resume``, or fail when
+        their own timeouts (``request.timeout.ms``, ``message.timeout.ms``) run out first.
+        """
+        with self._lock:
+            self.check_alive()
+            if self._paused_ms is None:
+                self._paused_ms = now_ms()
+            for n in self._targets(node):
+                if n.process is not None and n.alive():
+                    n.process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> Outage | None:
+        """Let every paused node run again (SIGCONT); return the pause as an ``Outage`` (None if none was)."""
+        with self._lock:
+            if self._paused_ms is None:
+                return None
+            for n in self._nodes.values():
+                if n.alive():
+                    assert n.process is not None
+                    n.process.send_signal(signal.SIGCONT)
+            outage = Outage("pause", self._paused_ms, now_ms())
+            self._paused_ms = None
+            self.outages.append(outage)
+            return outage
+
+    def restart(
+        self, downtime_s: float = 0.0, kill: bool = False, lose_data: bool = False, node: int | None = None
+    ) -> Outage:
+        """Stop the nodes (or one node) and start them again on the same addresses; return the ``Outage``.
+
+        Clients see their connections closed and new ones refused for the downtime, then reconnect to the same
+        bootstrap address on their own. Returns once every restarted node is registered and serving again.
+
+        Parameters
+        ----------
+        downtime_s
+            Seconds to stay down after the processes exited.
+        kill
+            SIGKILL at once, as a crash; otherwise SIGTERM (a controlled shutdown), and SIGKILL after
+            ``stop_grace_s``.
+        lose_data
+            Wipe the log directories while down: the nodes come back formatted afresh for the same cluster id,
+            without topics, records, committed offsets or producer ids (the nodes that kept theirs copy the
+            cluster's metadata back to a wiped node of a cluster).
+        node
+            One node of a cluster; None restarts all of them together.
+
+        Raises
+        ------
+        BrokerError
+            If a node does not come back within ``start_timeout``.
+        """
+        with self._lock:
+            self.check_alive()
+            self.resume()
+            down_ms = now_ms()
+            self.stop_node(node, kill=kill)
+            time.sleep(downtime_s)
+            self.start_node(node, lose_data=lose_data)
+            outage = Outage("kill" if kill else "restart", down_ms, now_ms(), kept_data=not lose_data)
+            self.outages.append(outage)
+            log.info("Kafka back on %s after %.2f s (%s)", self.bootstrap, outage.duration_s, outage)
+            return outage
+
+    def stop_node(self, node: int | None = None, kill: bool = False) -> None:
+        """Stop one node (or all): SIGTERM, or SIGKILL with ``kill``; it stays down until ``start_node``.
+
+        SIGTERM is a controlled shutdown: the node hands its leaderships over before it exits. ``check_alive``
+        does not count a node stopped here as gone.
+        """
+        with self._lock:
+            targets = self._targets(node)
+            for n in targets:
+                n.down_on_purpose = True
+            self._terminate(targets, self.config.stop_grace_s, kill=kill)
+
+    def kill_node(self, node: int) -> None:
+        """SIGKILL one node, as a crash (``stop_node(node, kill=True)``)."""
+        self.stop_node(node, kill=True)
+
+    def start_node(self, node: int | None = None, lose_data: bool = False) -> None:
+        """Start a stopped node (or every stopped one) and wait until it serves; ``lose_data`` wipes it first.
+
+        Raises
+        ------
+        BrokerError
+            If it is running, or does not become ready within ``start_timeout``.
+        """
+        with self._lock:
+            assert self._storage is not None
+            targets = [n for n in self._targets(node) if node is not None or not n.alive()]
+            for n in targets:
+                if n.alive():
+                    raise BrokerError(f"Kafka node {n.id} is running: stop it first")
+            if lose_data:
+                for n in targets:
+                    shutil.rmtree(n.data, ignore_errors=True)
+                self._format(targets)
+            try:
+                for n in targets:
+                    self._spawn(n)
+                self._wait_ready(targets, time.monotonic() + self.config.start_timeout)
+            except BaseException:
+                self._terminate(targets, 0.0, kill=True)
+                for n in targets:
+                    n.down_on_purpose = True
+                raise
+
+    # ---- the cluster as the admin API shows it -------------------------------------------------------
+
+    def admin(self) -> AdminClient:
+        """The broker's admin client on the nodes' own listeners (past any proxy), made on first use."""
+        with self._lock:
+            if self._admin is None:
+                listen = ",".join(f"{self.host}:{n.ports.listen}" for n in self._nodes.values())
+                # Quiet: while a node is down, librdkafka logs each refused connection (errors still raise).
+                self._admin = AdminClient({"bootstrap.servers": listen, "log_level": 0})
+            return self._admin
+
+    def _partitions(self, topics: Iterable[str] | None) -> list[Any]:
+        meta = self.admin().list_topics(timeout=10)
+        wanted = None if topics is None else set(topics)
+        return [
+            p
+            for name, t in meta.topics.items()
+            if (wanted is None and not name.startswith("__")) or (wanted is not None and name in wanted)
+            for p in t.partitions.values()
+        ]
+
+    def leader_counts(self, topics: Iterable[str] | None = None) -> dict[int, int]:
+        """How many partitions of ``topics`` (all but the internal ones by default) each node leads."""
+        counts = Counter(p.leader for p in self._partitions(topics) if p.leader >= 0)
+        return {n: counts.get(n, 0) for n in self.node_ids}
+
+    def busiest_leader(self, topics: Iterable[str] | None = None) -> int:
+        """The node leading the most partitions of ``topics`` (the lowest id of a tie)."""
+        counts = self.leader_counts(topics)
+        return max(sorted(counts), key=lambda n: counts[n])
+
+    def under_replicated(self, topics: Iterable[str] | None = None) -> list[tuple[str, int]]:
+        """Partitions of ``topics`` (every topic by default) with fewer replicas in sync than assigned."""
+        meta = self.admin().list_topics(timeout=10)
+        wanted = None if topics is None else set(topics)
+        return sorted(
+            (name, p.id)
+            for name, t in meta.topics.items()
+            if wanted is None or name in wanted
+            for p in t.partitions.values()
+            if len(p.isrs) < len(p.replicas)
+        )
+
+    def wait_replicated(self, timeout: float = 60.0, topics: Iterable[str] | None = None) -> float:
+        """Block until no partition is under-replicated; return the seconds it took.
+
+        Raises
+        ------
+        BrokerError
+            Naming the first partition still under-replicated after ``timeout`` seconds.
+        """
+        started = time.monotonic()
+        wanted = None if topics is None else list(topics)
+        while True:
+            try:
+                left = self.under_replicated(wanted)
+            except Exception as exc:  # KafkaException while a node is still coming up
+                left, error = [("?", -1)], str(exc)
+            else:
+                error = ""
+            if not left:
+                return time.monotonic() - started
+            if time.monotonic() - started > timeout:
+                topic, partition = left[0]
+                raise BrokerError(
+                    f"{len(left)} partitions still under-replicated after {timeout:g} s "
+                    f"({topic}/{partition} first){': ' + error if error else ''}"
+                )
+            time.sleep(0.2)

@@ -1,0 +1,102 @@
+"""The broker a command starts when it is not given ``--bootstrap``, chosen once by name.
+
+``kafka`` is one Apache Kafka node, ``kafka-3`` a three-node cluster (replication factor 3,
+``min.insync.replicas=2``). Whichever is chosen, the harness drives it through the same ``LocalBroker``
+methods.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import TracebackType
+from typing import Protocol, Self
+
+from sotw.errors import BrokerError
+from sotw.outage import Outage
+
+#: The local brokers by name (the default first) and their node counts.
+BROKERS = ("kafka", "kafka-3")
+_NODES = {"kafka": 1, "kafka-3": 3}
+
+#: Names older versions took (the embedded Tansu broker's storages), and what to say instead.
+_GONE = {
+    "memory": "the embedded Tansu broker is gone: sotw runs Apache Kafka ('kafka')",
+    "durable": "Apache Kafka ('kafka') keeps its data on disk: a restart keeps every acknowledged record",
+}
+
+
+class LocalBroker(Protocol):
+    """What the harness, the tests and the benchmarks use of a broker they started."""
+
+    @property
+    def bootstrap(self) -> str:
+        """``HOST:PORT[,...]`` clients connect to."""
+
+    @property
+    def pids(self) -> dict[str, int]:
+        """The broker's processes by name, for resource sampling."""
+
+    @property
+    def paused(self) -> bool:
+        """True between ``pause`` and ``resume``."""
+
+    @property
+    def outages(self) -> list[Outage]:
+        """Every finished incident, oldest first."""
+
+    def check_alive(self) -> None:
+        """Raise ``BrokerError`` if the broker is gone."""
+
+    def pause(self) -> None:
+        """SIGSTOP the broker."""
+
+    def resume(self) -> Outage | None:
+        """SIGCONT it; the pause as an ``Outage``."""
+
+    def restart(self, downtime_s: float = 0.0, kill: bool = False, lose_data: bool = False) -> Outage:
+        """Stop and start it again; the restart as an ``Outage``."""
+
+    def start(self) -> Self:
+        """Start it and wait until it answers."""
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Stop every process it started."""
+
+    def __enter__(self) -> Self:
+        """``start``."""
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        """``stop``."""
+
+
+def check_broker(name: str) -> str:
+    """``name`` if it is one of ``BROKERS``.
+
+    Raises
+    ------
+    BrokerError
+        Naming the choices (and what an old name became).
+    """
+    if name in BROKERS:
+        return name
+    hint = f"; {_GONE[name]}" if name in _GONE else ""
+    raise BrokerError(f"broker must be one of {', '.join(BROKERS)}, got {name!r}{hint}")
+
+
+def local_broker(name: str = "kafka", log_path: Path | None = None, proxied: bool = False) -> LocalBroker:
+    """The broker ``name`` (not started yet: use it as a context manager, or call ``start``).
+
+    Parameters
+    ----------
+    name
+        One of ``BROKERS``.
+    log_path
+        Where the broker's output goes (per node ``<stem>-N<suffix>`` for a cluster).
+    proxied
+        Clients reach each node through a ``sotw.proxy.TcpProxy`` (network incidents).
+    """
+    from sotw.broker.kafka import KafkaBroker
+
+    return KafkaBroker(nodes=_NODES[check_broker(name)], log_path=log_path, proxied=proxied)
