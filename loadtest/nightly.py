@@ -256,7 +256,7 @@ class _SideRuns:
     def micro(self, i: int) -> list[Metric]:
         out = self.dir / f"micro-{i + 1}.json"
         argv = [self.side.python, "-m", "pytest", "benchmarks", "--benchmark-only", f"--benchmark-json={out}",
-                "-q", "-p", "no:cacheprovider", "--benchmark-min-rounds=5"]  # fmt: skip
+                "-q", "-p", "no:cacheprovider", "--benchmark-min-rounds=5", "--benchmark-max-time=0.3"]  # fmt: skip
         if self.command(f"micro-{i + 1}", argv, out):
             return metrics_from_pytest_benchmark(json.loads(out.read_text()))
         return []
