@@ -9,7 +9,7 @@ BUNDLES := kafka
 JARS   := $(foreach b,$(BUNDLES),$(VENV)/jars/$(b)/manifest.json)
 
 .DEFAULT_GOAL := help
-.PHONY: help setup demo test test-slow lint typecheck unit bench nightly report clean
+.PHONY: help setup demo test test-fast test-slow lint typecheck unit bench nightly report clean
 
 help: ## Show this help
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-10s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -41,6 +41,9 @@ lint: setup ## Ruff format check, ruff lint and mypy
 
 unit: setup ## Only the test suite (without the long tests marked slow)
 	$(BIN)/pytest -m "not slow"
+
+test-fast: setup ## The tests that need no broker, Spark or other process of the system: the inner loop (under a minute)
+	$(BIN)/pytest -m "not slow and not system"
 
 test-slow: setup ## Only the long end-to-end tests marked slow (the nightly job runs them)
 	$(BIN)/pytest -m slow

@@ -24,6 +24,20 @@ from simulator import RunSummary, Simulator, SimulatorConfig  # noqa: E402
 from sotw.broker import local_broker  # noqa: E402
 from sotw.kafka import KafkaConfig  # noqa: E402
 
+#: Fixtures that start the session's real parts: a test that uses one (directly or through another) needs them.
+SYSTEM_FIXTURES = frozenset({"bootstrap", "spark"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark ``system`` every test that needs a broker or Spark: ``make test-fast`` runs the others alone.
+
+    A test that starts them on its own, not through the session's fixtures (a broker of its own, a ``sotw``
+    subprocess, a browser), is marked in its module with ``pytestmark = pytest.mark.system``.
+    """
+    for item in items:
+        if SYSTEM_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.system)
+
 
 @pytest.fixture(scope="session")
 def bootstrap() -> Iterator[str]:

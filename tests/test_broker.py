@@ -22,6 +22,8 @@ from sotw.errors import BrokerError
 from sotw.kafka import EndOffsets, KafkaConfig, ensure_topics
 from tests.deliveries import PARTITIONS, Deliveries, filled, read_all
 
+pytestmark = pytest.mark.system  # brokers of its own
+
 
 @pytest.fixture(scope="module")
 def broker() -> Iterator[KafkaBroker]:

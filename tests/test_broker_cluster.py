@@ -14,6 +14,8 @@ from sotw.broker import KafkaBroker
 from sotw.kafka import KafkaConfig, ensure_topics
 from tests.deliveries import filled, read_all
 
+pytestmark = pytest.mark.system  # a three-node cluster of its own
+
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[KafkaBroker]:

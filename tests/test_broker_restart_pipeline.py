@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from pipeline import query
 from pipeline.config import PipelineConfig
 from pipeline.inspect import read_dataset
@@ -12,6 +14,8 @@ from pipeline.policies import PolicyConfig
 from simulator import Simulator, SimulatorConfig
 from sotw.broker import KafkaBroker
 from sotw.kafka import KafkaConfig, topic_pattern
+
+pytestmark = pytest.mark.system  # a broker of its own and Spark
 
 
 def drain(spark, kafka: KafkaConfig, prefix: str, where: Path) -> dict[str, list[tuple]]:

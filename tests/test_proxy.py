@@ -9,6 +9,8 @@ import pytest
 from sotw.broker import KafkaBroker, port_in_use
 from tests.deliveries import filled, read_all
 
+pytestmark = pytest.mark.system  # a broker of its own behind the proxy
+
 
 @pytest.fixture(scope="module")
 def proxied() -> Iterator[KafkaBroker]:

@@ -154,6 +154,7 @@ recover_s = 60
     assert 3.0 <= (restart.end_ms - restart.start_ms) / 1000 < 30
 
 
+@pytest.mark.system  # a drill: a broker and a pipeline of its own
 def test_broker_data_loss_under_strict_stops_the_pipeline_within_three_triggers_naming_the_partition(
     tmp_path: Path,
 ):
@@ -186,6 +187,7 @@ stop_message = ["Kafka data lost", "topic '[^']+' partition \\\\d+ offsets (\\\\
     assert results.pipeline_stop is not None and "failOnDataLoss" in results.pipeline_stop
 
 
+@pytest.mark.system  # a drill: a broker and a pipeline of its own
 def test_a_sabotaged_pipeline_fails_its_kill_drill_on_the_rows_it_lost(tmp_path: Path):
     results = run_drill(
         drill(

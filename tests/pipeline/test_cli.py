@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 
 def sotw(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "sotw", *args], capture_output=True, text=True, timeout=120)
@@ -21,6 +23,7 @@ def test_a_bad_policy_is_refused_with_the_choices():
     assert done.returncode == 2 and "invalid choice: 'lenient'" in done.stderr and "strict" in done.stderr
 
 
+@pytest.mark.system  # waits on a broker of its own, or on none
 def test_a_missing_broker_is_one_line_and_exit_1(tmp_path):
     done = sotw("pipeline", "--bootstrap", "127.0.0.1:1", "--output", str(tmp_path / "out"))
     assert done.returncode == 1

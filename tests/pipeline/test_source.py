@@ -472,6 +472,7 @@ def frozen_broker() -> Any:
         yield KafkaConfig(broker.bootstrap), freeze
 
 
+@pytest.mark.system  # waits on a broker of its own, or on none
 def test_a_broker_that_does_not_answer_is_not_taken_for_deleted_data(frozen_broker) -> None:
     from pipeline.source import GONE, UNKNOWN, SourceOptions, _partition_state
 
@@ -487,6 +488,7 @@ def test_a_broker_that_does_not_answer_is_not_taken_for_deleted_data(frozen_brok
     assert _partition_state(options, (topic, 7), timeout=10.0) == GONE
 
 
+@pytest.mark.system  # waits on a broker of its own, or on none
 def test_the_driver_waits_out_a_frozen_broker_instead_of_failing_the_query(
     frozen_broker, monkeypatch
 ) -> None:

@@ -3,6 +3,7 @@ import subprocess
 import sys
 
 import pyarrow.parquet as pq
+import pytest
 
 from sotw.broker import free_port
 
@@ -20,6 +21,7 @@ def test_bad_config_exits_non_zero_naming_the_field(tmp_path):
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.system  # waits on a broker of its own, or on none
 def test_missing_broker_exits_non_zero_with_a_clear_error(tmp_path):
     port = free_port()
     result = sotw(

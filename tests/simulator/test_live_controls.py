@@ -5,11 +5,14 @@ from __future__ import annotations
 import threading
 
 import pyarrow.parquet as pq
+import pytest
 
 from simulator import Simulator, SimulatorConfig
 from sotw.broker import KafkaBroker
 from sotw.kafka import KafkaConfig
 from tests.simulator.conftest import read_ledger, when_planned
+
+pytestmark = pytest.mark.system  # a broker of its own
 
 
 def test_sensors_asked_for_join_at_once_with_topics_and_sessions_of_their_own(kafka, tmp_path, unique_prefix):

@@ -14,6 +14,8 @@ from sotw.broker import KafkaBroker
 from sotw.kafka import KafkaConfig
 from tests.simulator.conftest import read_ledger
 
+pytestmark = pytest.mark.system  # brokers of its own
+
 
 def test_auto_takes_the_client_path_with_one_warning_saying_why_where_the_direct_one_cannot_load(
     simulate, monkeypatch, caplog

@@ -139,6 +139,7 @@ def test_a_ctrl_c_in_the_middle_of_a_run_leaves_nothing_on_the_topics_that_the_l
     assert all(places[(r["topic"], r["partition"], r["offset"])]["value_sha256"] == r["sha"] for r in records)
 
 
+@pytest.mark.system  # waits on a broker of its own, or on none
 def test_a_ctrl_c_while_the_broker_is_down_interrupts_the_producer_every_time():
     with socket.socket() as s:  # a port nothing listens on: the client reports errors all the while
         s.bind(("127.0.0.1", 0))
