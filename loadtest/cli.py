@@ -123,6 +123,14 @@ def add_job_args(p: argparse.ArgumentParser) -> None:
         default="auto",
         help="output format (auto: detected)",
     )
+    g.add_argument(
+        "--ignore-column",
+        dest="ignore_columns",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="tables contract: a column of the job's table that is not one of the rows' (repeatable)",
+    )
 
 
 def job_from_args(args: argparse.Namespace) -> JobSpec | None:
@@ -134,6 +142,7 @@ def job_from_args(args: argparse.Namespace) -> JobSpec | None:
         and args.lag_from is None
         and args.contract == "full"
         and args.output_format == "auto"
+        and not args.ignore_columns
     ):
         return None
     if args.output is not None and not args.attach:
@@ -147,6 +156,7 @@ def job_from_args(args: argparse.Namespace) -> JobSpec | None:
         lag_from=LagFrom.parse(args.lag_from) if args.lag_from else None,
         contract=args.contract,
         format=args.output_format,
+        ignore_columns=tuple(args.ignore_columns),
     )
 
 

@@ -5,13 +5,16 @@ Two contracts (docs/own-pipeline.md states them for users):
 - **full**: sotw's own four datasets (changes, sessions, integrity, dead letters; docs/pipeline-outputs.md),
   verified change by change under the run's integrity policy (``loadtest.verify``).
 - **tables**: the contract a team can meet in an afternoon: one table holding each session's (or each
-  sensor's) current rows, a row per ``(session, row_id)`` with the row's columns. Only the final tables
-  are compared with the simulator's truth: exact, rows missing, rows extra, rows with wrong values.
+  sensor's) current rows, a row per ``(session, row_id)`` with the row's columns. The final tables are
+  compared row by row with what a correct job holds: exact, rows missing, rows extra, rows with wrong
+  values.
 
 Either is read from Parquet files or from a Delta Lake table (``loadtest.delta``), named or detected
-(``OutputSpec.resolved_format``). A session's table can be judged only if every message that built it
-reached the broker intact; a session that lost one upstream (an injected gap, a malformed copy without an
-intact one, a send never acknowledged) has no single right answer and is counted as not judged.
+(``OutputSpec.resolved_format``). A session whose messages all reached the broker intact must hold the
+truth. One that lost some upstream (an injected gap, a malformed copy without an intact one, a send the
+broker refused) must hold what its delivered messages build when applied in seq order: each row as the
+highest delivered seq that touched it set it (``loadtest.values.expected_rows``). Only a session with a
+copy whose delivery is unknown (sent, never acknowledged) is not judged.
 """
 
 from __future__ import annotations
@@ -31,6 +34,18 @@ import pyarrow.dataset as ds
 from loadtest.delta import FILE_COLUMN, file_times, is_delta_table, read_table
 from loadtest.errors import HarnessError
 from loadtest.results import Correctness, Discrepancy
+from loadtest.values import (
+    ABSENT,
+    FROM_MESSAGE,
+    FROM_SNAPSHOT,
+    FROM_TRUTH,
+    carries,
+    expected_rows,
+    has_row_ids,
+    read_truth_rows,
+    records,
+    sent_messages,
+)
 
 log = logging.getLogger(__name__)
 
@@ -71,12 +86,16 @@ class OutputSpec:
     seen
         A JSON file of ``{data file: epoch ms}`` the harness's output probe writes while the run goes: when
         it first saw each file, the commit time of last resort.
+    ignored
+        Columns of a tables-contract output that are not the rows' (``--ignore-column``), besides the ones
+        the contract knows and those starting with ``_``.
     """
 
     path: Path
     contract: str = "full"
     format: str = "auto"
     seen: Path | None = None
+    ignored: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.contract not in CONTRACTS:
@@ -130,12 +149,13 @@ class TablesOutput:
 
     ``rows`` has ``key`` (the session or sensor), ``row_id``, ``row`` (the row as a dict, ``id`` included),
     ``seq`` and ``committed_ms`` where the output tells them (else NaN). ``key`` names what the table is
-    keyed by; ``commit_source`` is a ``COMMIT_SOURCES`` key.
+    keyed by; ``commit_source`` is a ``COMMIT_SOURCES`` key; ``ignored`` the columns that are not the rows'.
     """
 
     rows: pd.DataFrame
     key: str
     commit_source: str
+    ignored: tuple[str, ...] = ()
 
 
 def read_tables(spec: OutputSpec) -> TablesOutput:
@@ -153,7 +173,7 @@ def read_tables(spec: OutputSpec) -> TablesOutput:
         raw = _read_parquet_with_files(spec.path)
     empty = pd.DataFrame(columns=["key", "row_id", "row", SEQ, COMMITTED])
     if raw.empty:
-        return TablesOutput(empty, "session", _commit_source(fmt, raw))
+        return TablesOutput(empty, "session", _commit_source(fmt, raw), spec.ignored)
     key = next((k for k in KEYS if k in raw.columns), None)
     row_id = next((c for c in ROW_ID if c in raw.columns), None)
     if key is None or row_id is None:
@@ -175,7 +195,7 @@ def read_tables(spec: OutputSpec) -> TablesOutput:
             COMMITTED: committed,
         }
     )
-    return TablesOutput(rows, key, source if SEQ in raw.columns else "none")
+    return TablesOutput(rows, key, source if SEQ in raw.columns else "none", spec.ignored)
 
 
 def _plain_rows(raw: pd.DataFrame) -> list[dict[str, Any]]:
@@ -223,11 +243,7 @@ def _commit_times(spec: OutputSpec, raw: pd.DataFrame, source: str) -> Any:
 
 def read_truth_tables(run_dir: Path) -> pd.DataFrame:
     """Every session's true final table (``truth/tables``): ``sensor``, ``session``, ``id``, ``values``."""
-    files = sorted((run_dir / "truth" / "tables").glob("*.parquet"))
-    if not files:
-        return pd.DataFrame(columns=["sensor", "session", "id", "values"])
-    frame: pd.DataFrame = ds.dataset([str(f) for f in files], format="parquet").to_table().to_pandas()
-    return frame
+    return read_truth_rows(run_dir, "tables")
 
 
 # --------------------------------------------------------------------------------------------- verdict
@@ -245,28 +261,6 @@ def same_row(got: dict[str, Any], want: dict[str, Any]) -> bool:
         elif mine != value:
             return False
     return True
-
-
-def judged_sessions(ledger: pd.DataFrame) -> dict[str, str]:
-    """``{session: why not judged}`` for the sessions that lost a message before the pipeline could see it.
-
-    Judged are the sessions every snapshot and update seq of which reached the broker intact at least once.
-    """
-    delivered = ledger["delivered"].fillna(False).astype(bool) & ledger["offset"].notna()
-    intact = ledger[delivered & (ledger["fault"] != "malformed")]
-    have: dict[str, set[int]] = {}
-    for session, seq in zip(intact["session"], intact["seq"], strict=True):
-        have.setdefault(str(session), set()).add(int(seq))
-    table = ledger[ledger["kind"] != "end"]
-    lost: dict[str, str] = {}
-    for session, rows in table.groupby("session"):
-        seqs = {int(s) for s in rows["seq"]}
-        missing = sorted(seqs - have.get(str(session), set()))
-        if missing:
-            faults = rows[rows["seq"].isin(missing)]["fault"].astype(str)
-            kinds = sorted(set(faults) - {"none"}) or ["not delivered"]
-            lost[str(session)] = f"seq {_list(missing)} never reached the broker intact ({', '.join(kinds)})"
-    return lost
 
 
 def _list(values: Iterable[int], most: int = 6) -> str:
@@ -292,34 +286,97 @@ def session_faults(ledger: pd.DataFrame) -> dict[str, str]:
     return out
 
 
-def verify_tables(
-    ledger: pd.DataFrame, truth_sessions: pd.DataFrame, truth_tables: pd.DataFrame, output: TablesOutput
-) -> tuple[Correctness, list[Discrepancy]]:
-    """Compare each judged session's (or sensor's) final table with the truth, row by row.
+@dataclass(frozen=True)
+class Judgement:
+    """How each session is judged: against its truth, against what its delivered messages build, or not."""
 
-    Returns the ``Correctness`` (without triage) and its discrepancies, one per wrong, missing, extra or
-    repeated row, each naming the session, the row and the faults its session met.
+    complete: frozenset[str]
+    from_delivered: frozenset[str]
+    not_judged: dict[str, str]
+    lost: dict[str, str]  # session -> which seqs never reached the broker intact, and why
+
+
+def judge_sessions(messages: pd.DataFrame, ledger: pd.DataFrame, snapshots: pd.DataFrame) -> Judgement:
+    """Which sessions reached the broker whole, which lost messages, and which cannot be judged.
+
+    A session every snapshot and update seq of which reached the broker intact is judged against the truth.
+    One that lost some (an injected gap, a malformed copy without an intact one, a send the broker refused)
+    is judged against the table its delivered messages build (``loadtest.values.expected_rows``), which
+    needs the ledger's row ids and, if its snapshot arrived, the snapshot's rows. One with a copy sent and
+    never acknowledged nor refused is not judged: the broker may hold that message or not.
     """
-    lost = judged_sessions(ledger)
+    faults = (
+        ledger[ledger["kind"] != "end"]
+        .groupby(["session", "seq"])["fault"]
+        .agg(lambda f: ", ".join(sorted(set(f.astype(str)) - {"none"})) or "not delivered")
+    )
+    known = set(snapshots["session"].astype(str)) if not snapshots.empty else set()
+    row_ids = has_row_ids(ledger)
+    complete: set[str] = set()
+    lossy: set[str] = set()
+    not_judged: dict[str, str] = {}
+    lost: dict[str, str] = {}
+    for session, rows in messages.groupby("session", sort=False):
+        name = str(session)
+        missing = rows[~rows["delivered"]]
+        if missing.empty:
+            complete.add(name)
+            continue
+        kinds = sorted({faults.get((session, int(s)), "not delivered") for s in missing["seq"]})
+        lost[name] = (
+            f"seq {_list(int(s) for s in missing['seq'])} never reached the broker intact ({', '.join(kinds)})"
+        )
+        unknown = rows[rows["unknown"]]
+        snapshot_arrived = bool(rows.loc[rows["kind"] == "snapshot", "delivered"].any())
+        if not unknown.empty:
+            not_judged[name] = f"seq {_list(int(s) for s in unknown['seq'])} was sent and never acknowledged"
+        elif not row_ids or (snapshot_arrived and name not in known):
+            not_judged[name] = "the run's ledger or truth does not say which rows its messages touched"
+        else:
+            lossy.add(name)
+    return Judgement(frozenset(complete), frozenset(lossy), not_judged, lost)
+
+
+def verify_tables(
+    ledger: pd.DataFrame,
+    truth_sessions: pd.DataFrame,
+    truth_tables: pd.DataFrame,
+    output: TablesOutput,
+    snapshots: pd.DataFrame | None = None,
+) -> tuple[Correctness, list[Discrepancy]]:
+    """Compare every session's (or sensor's) final table with what a correct job holds, row by row.
+
+    A session whose messages all reached the broker must hold the truth; one that lost some, the table its
+    delivered messages build (``judge_sessions``). Returns the ``Correctness`` (without triage) and its
+    discrepancies, one per wrong, missing, extra or repeated row and per column the contract does not know,
+    each naming the session, the row and the faults its session met.
+    """
+    snapshots = (
+        snapshots if snapshots is not None else pd.DataFrame(columns=["sensor", "session", "id", "values"])
+    )
+    messages = sent_messages(ledger)
+    judgement = judge_sessions(messages, ledger, snapshots)
     faults = session_faults(ledger)
     sensor_of = {str(s): str(n) for s, n in zip(ledger["session"], ledger["sensor"], strict=True)}
     truth_of = _truth_keys(ledger, truth_sessions, output.key)
-    want_rows: dict[str, dict[int, dict[str, Any]]] = {k: {} for k in truth_of}
-    session_of_key = {k: s for k, s in truth_of.items()}
     by_session = {str(s): g for s, g in truth_tables.groupby("session")} if not truth_tables.empty else {}
-    for key, session in truth_of.items():
+    truth_rows: dict[str, dict[int, dict[str, Any]]] = {}
+    for session in truth_of.values():
         table = by_session.get(session)
-        if table is not None:
-            want_rows[key] = {
-                int(i): json.loads(v) for i, v in zip(table["id"], table["values"], strict=True)
-            }
-    got = output.rows
+        truth_rows[session] = (
+            {int(i): json.loads(v) for i, v in zip(table["id"], table["values"], strict=True)}
+            if table is not None
+            else {}
+        )
+    found: list[Discrepancy] = []
+    got = _without_unknown_columns(output, truth_rows, found)
+    lossy = judgement.from_delivered & set(truth_of.values())
+    plans = _plans(messages, snapshots, lossy, truth_rows)
     got_by_key = {str(k): g for k, g in got.groupby("key")} if not got.empty else {}
     counts: Counter[str] = Counter()
-    found: list[Discrepancy] = []
     judged = exact = 0
-    for key in sorted(set(want_rows) | set(got_by_key)):
-        known = session_of_key.get(key)
+    for key in sorted(set(truth_of) | set(got_by_key)):
+        known = truth_of.get(key)
         sensor = sensor_of.get(known or "", key)
         if known is None:
             counts["extra"] += len(got_by_key[key])
@@ -328,22 +385,27 @@ def verify_tables(
             )
             continue
         session = known
-        if session in lost:
+        if session in judgement.not_judged:
             counts["not_judged"] += 1
             continue
         judged += 1
-        story = faults.get(session) or "no fault reached this session: the job's own error"
         mine = got_by_key.get(key, got.iloc[0:0])
-        problems = _compare(want_rows[key], mine, counts)
+        if session in lossy:
+            counts["from_delivered"] += 1
+            problems = _compare_plan(plans.get(session, []), mine, counts)
+            story = "; ".join(p for p in (faults.get(session), judgement.lost[session]) if p)
+        else:
+            counts["expected"] += len(truth_rows[session])
+            problems = [(k, d, None) for k, d in _compare(truth_rows[session], mine, counts)]
+            story = faults.get(session) or "no fault reached this session: the job's own error"
         exact += not problems
-        for kind, detail in problems:
-            found.append(Discrepancy(kind, session, f"{detail}; {story}", sensor))
-    counts["expected"] = sum(len(want_rows[k]) for k in want_rows if session_of_key[k] not in lost)
+        for kind, detail, seq in problems:
+            found.append(Discrepancy(kind, session, f"{detail}; {story}", sensor, seq=seq))
     kinds = Counter(d.kind for d in found)
     correctness = Correctness(
         policy="tables",
         passed=not found,
-        sessions_expected=len(want_rows),
+        sessions_expected=len(truth_of),
         sessions_exact_required=judged,
         sessions_exact=exact,
         exact_match_rate=exact / judged if judged else math.nan,
@@ -359,8 +421,143 @@ def verify_tables(
         contract="tables",
         rows_wrong=counts["wrong"],
         sessions_not_judged=counts["not_judged"],
+        rows_values_checked=counts["checked"],
+        sessions_judged_from_delivered=counts["from_delivered"],
     )
     return correctness, found
+
+
+def _without_unknown_columns(
+    output: TablesOutput, truth_rows: dict[str, dict[int, dict[str, Any]]], found: list[Discrepancy]
+) -> pd.DataFrame:
+    """The job's rows without columns the truth's rows lack; one discrepancy per such column.
+
+    A column the job adds beside the row's (a write time, a batch number) is not a wrong value in every row:
+    it is named once, with the two ways out.
+    """
+    got = output.rows
+    if got.empty:
+        return got
+    columns = {str(c) for rows in truth_rows.values() for row in rows.values() for c in row}
+    if not columns:
+        return got
+    written = {str(c) for row in got["row"] for c in row}
+    unknown = sorted(written - columns - {"id"} - set(output.ignored))
+    for name in unknown:
+        found.append(
+            Discrepancy(
+                "unknown_column",
+                "",
+                f"column {name!r} is not a column of the sensors' rows ({', '.join(sorted(columns))}) nor one "
+                f"the tables contract knows (docs/own-pipeline.md); rename it '_{name}' or pass "
+                f"--ignore-column {name}. Rows were compared without it",
+            )
+        )
+    drop = set(unknown) | set(output.ignored)
+    if not drop:
+        return got
+    kept: list[dict[str, Any]] = [{k: v for k, v in row.items() if k not in drop} for row in got["row"]]
+    return got.assign(row=pd.Series(kept, index=got.index, dtype=object))
+
+
+@dataclass(frozen=True)
+class _Planned:
+    """What one row of a session that lost messages must be, and which message decides it."""
+
+    row_id: int
+    source: str
+    seq: int | None
+    lost: str
+    want: dict[str, Any] | None  # the values, when the truth or the snapshot says them
+    message: dict[str, Any] | None  # the deciding update, checked by digest
+
+
+def _plans(
+    messages: pd.DataFrame,
+    snapshots: pd.DataFrame,
+    sessions: frozenset[str] | set[str],
+    truth_rows: dict[str, dict[int, dict[str, Any]]],
+) -> dict[str, list[_Planned]]:
+    """Per session that lost messages, every row any of its messages touched, as ``expected_rows`` decides."""
+    if not sessions:
+        return {}
+    mine = messages[messages["session"].isin(sessions)]
+    snaps = snapshots[snapshots["session"].astype(str).isin(sessions)] if not snapshots.empty else snapshots
+    rows = expected_rows(mine, snaps)
+    carried = (
+        {
+            (str(s), int(i)): json.loads(v)
+            for s, i, v in zip(snaps["session"], snaps["id"], snaps["values"], strict=True)
+        }
+        if not snaps.empty
+        else {}
+    )
+    by_seq = {(str(m["session"]), int(m["seq"])): m for m in records(mine)}
+    plans: dict[str, list[_Planned]] = {}
+    for r in records(rows):
+        session, row_id, source = str(r["session"]), int(r["row_id"]), str(r["source"])
+        seq = None if pd.isna(r["seq"]) else int(r["seq"])
+        want = message = None
+        if source == FROM_TRUTH:
+            want = truth_rows.get(session, {}).get(row_id)
+            source = ABSENT if want is None else FROM_TRUTH
+        elif source == FROM_SNAPSHOT:
+            want = carried.get((session, row_id))
+        elif source == FROM_MESSAGE and seq is not None:
+            message = by_seq.get((session, seq))
+        lost = str(r["lost"]) if isinstance(r["lost"], str) else ""
+        plans.setdefault(session, []).append(_Planned(row_id, source, seq, lost, want, message))
+    return plans
+
+
+def _compare_plan(
+    plan: list[_Planned], got: pd.DataFrame, counts: Counter[str]
+) -> list[tuple[str, str, int | None]]:
+    """The differences between the rows a session's delivered messages build and the rows written for it."""
+    problems: list[tuple[str, str, int | None]] = []
+    seen: dict[int, dict[str, Any]] = {}
+    for row_id, row in zip(got["row_id"], got["row"], strict=True):
+        if int(row_id) in seen:
+            counts["repeated"] += 1
+            problems.append(("repeated_row", f"row {row_id} written more than once", None))
+            continue
+        seen[int(row_id)] = row
+    planned = {p.row_id: p for p in plan}
+    for p in plan:
+        mine = seen.get(p.row_id)
+        why = f"seq {p.seq} set it" if p.seq is not None else "no message that reached the broker touched it"
+        later = f"; seq {p.lost}, which touched it later, never reached the broker" if p.lost else ""
+        if p.source == ABSENT:
+            if mine is not None:
+                counts["extra"] += 1
+                detail = f"row {p.row_id} should not exist ({why}{later}): {_json(mine)}"
+                problems.append(("extra_row", detail, p.seq))
+            continue
+        counts["expected"] += 1
+        if mine is None:
+            counts["missing"] += 1
+            problems.append(("missing_row", f"row {p.row_id} missing ({why}{later})", p.seq))
+            continue
+        counts["checked"] += 1
+        if p.message is not None:
+            if not carries(p.message, "upsert", p.row_id, mine):
+                counts["wrong"] += 1
+                detail = f"row {p.row_id} is {_json(mine)}, not what seq {p.seq} set it to{later}"
+                problems.append(("wrong_row", detail, p.seq))
+        elif p.want is not None and not same_row(mine, p.want):
+            counts["wrong"] += 1
+            detail = f"row {p.row_id} is {_json(mine)}, expected {_json(p.want)} ({why}{later})"
+            problems.append(("wrong_row", detail, p.seq))
+    for row_id in sorted(set(seen) - set(planned)):
+        counts["extra"] += 1
+        problems.append(
+            (
+                "extra_row",
+                f"row {row_id} should not exist (no message touched it): {_json(seen[row_id])}",
+                None,
+            )
+        )
+    return problems
 
 
 def _truth_keys(ledger: pd.DataFrame, truth_sessions: pd.DataFrame, key: str) -> dict[str, str]:
@@ -398,7 +595,9 @@ def _compare(
         if mine is None:
             counts["missing"] += 1
             problems.append(("missing_row", f"row {row_id} missing, expected {_json(row)}"))
-        elif not same_row(mine, row):
+            continue
+        counts["checked"] += 1
+        if not same_row(mine, row):
             counts["wrong"] += 1
             problems.append(("wrong_row", f"row {row_id} is {_json(mine)}, expected {_json(row)}"))
     for row_id in sorted(set(seen) - set(want)):

@@ -72,12 +72,17 @@ class Policy:
     timeouts_expire
         Whether the pipeline's session timeout passed before the run ended, so that sessions without
         ``end`` must be closed ``timed_out`` (otherwise their session record may be absent).
+    session_timeout_ms, trigger_ms
+        The pipeline's session timeout and micro-batch interval: a session closed by its timeout must have
+        been quiet that long, within one trigger. None leaves that unchecked.
     """
 
     name: str
     window_messages: int | None = None
     window_ms: int | None = None
     timeouts_expire: bool = True
+    session_timeout_ms: int | None = None
+    trigger_ms: int | None = None
 
     def __post_init__(self) -> None:
         if self.name not in POLICIES:
@@ -88,6 +93,15 @@ class Policy:
             raise ValueError(f"window_ms must be >= 0, got {self.window_ms!r}")
         if self.name == "window" and self.window_messages is None and self.window_ms is None:
             raise ValueError("policy 'window' needs window_messages or window_ms")
+        for name in ("session_timeout_ms", "trigger_ms"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ValueError(f"{name} must be >= 0, got {value!r}")
+
+    @property
+    def applies_whole_snapshots(self) -> bool:
+        """Whether an applied snapshot sets every row it carries (``once`` skips rows a later seq set first)."""
+        return self.name != "once"
 
 
 @dataclass
@@ -159,6 +173,8 @@ class Expectation:
     ledger: pd.DataFrame
     injected: dict[str, int]
     must_stop: bool
+    #: The rows each snapshot carried (``loadtest.values.read_snapshots``); empty when the run has none.
+    snapshots: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
 # --------------------------------------------------------------------------------------------------- reading
@@ -532,8 +548,13 @@ def _relax_for_stop(exp: SessionExpectation) -> SessionExpectation:
     )
 
 
-def build_expectation(policy: Policy, ledger: pd.DataFrame, truth: pd.DataFrame) -> Expectation:
-    """Everything a correct pipeline must write for this ledger under ``policy``."""
+def build_expectation(
+    policy: Policy, ledger: pd.DataFrame, truth: pd.DataFrame, snapshots: pd.DataFrame | None = None
+) -> Expectation:
+    """Everything a correct pipeline must write for this ledger under ``policy``.
+
+    ``snapshots`` are the rows each snapshot carried, against which snapshot change rows are checked.
+    """
     truth_by_session: dict[str, dict[str, object]] = {}
     for record in truth.to_dict("records") if not truth.empty else []:
         truth_by_session[str(record["session"])] = {str(k): v for k, v in record.items()}
@@ -558,4 +579,13 @@ def build_expectation(policy: Policy, ledger: pd.DataFrame, truth: pd.DataFrame)
         len(malformed),
         must_stop,
     )
-    return Expectation(policy, sessions, malformed, lost, ledger, injected, must_stop)
+    return Expectation(
+        policy,
+        sessions,
+        malformed,
+        lost,
+        ledger,
+        injected,
+        must_stop,
+        snapshots if snapshots is not None else pd.DataFrame(),
+    )

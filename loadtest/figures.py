@@ -447,6 +447,23 @@ def headline(outcome: Outcome, steady: pd.DataFrame, latency: list[LatencySummar
     return figures
 
 
+def consumed_nothing(samples: list[dict[str, Any]]) -> str | None:
+    """Why the job read nothing, if its position never moved while the broker took messages; else None.
+
+    Missing rows then are not the job's bugs: it never read the run's topics, most often because its
+    subscription does not match them.
+    """
+    acked = max((float(s.get("acked", 0) or 0) for s in samples), default=0.0)
+    read = [float(s["consumed"]) for s in samples if s.get("consumed") is not None]
+    if acked <= 0 or not read or max(read) > 0:
+        return None
+    return (
+        f"the job consumed nothing while the broker took {acked:,.0f} messages: its position on the run's "
+        "topics never moved. Check its subscription: {pattern} is a regex that starts with ^ (librdkafka "
+        "reads a topic name without ^ literally), {prefix} the topics' common prefix"
+    )
+
+
 def verdict(outcome: Outcome, summary: list[Figure]) -> Verdict:
     """PASS only if the pipeline kept up, the load was delivered and the output is correct."""
     run = outcome.profile.run
@@ -456,6 +473,9 @@ def verdict(outcome: Outcome, summary: list[Figure]) -> Verdict:
         reasons.append("the run was interrupted (Ctrl-C); results are partial")
     if outcome.pipeline_failed and not outcome.correctness.must_stop:
         reasons.append(outcome.pipeline_failed)
+    idle = consumed_nothing(outcome.samples)
+    if idle:
+        reasons.append(idle)
     if outcome.drain_s is None and not outcome.interrupted and outcome.pipeline_failed is None:
         reasons.append(f"the pipeline did not catch up within {run.drain_max_s:g} s after the load stopped")
     # With incidents the steady phase holds their lag on purpose: a drill's scorecard judges how the pipeline

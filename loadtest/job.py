@@ -9,7 +9,6 @@ it into the process, the probes and the output the runner uses.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,7 +30,7 @@ from loadtest.samplers import (
     Probe,
     ProgressProbe,
 )
-from sotw.kafka import KafkaConfig
+from sotw.kafka import KafkaConfig, topic_pattern
 
 # Incidents that act on the pipeline process: a job the harness attached to cannot take them.
 _PROCESS_INCIDENTS = frozenset({"pipeline_kill", "pipeline_restart"})
@@ -75,6 +74,8 @@ class JobSpec:
         Where its position is read; None reads the checkpoint the template was given (``{checkpoint}``).
     contract, format
         How the verifier reads its output (``loadtest.contracts``).
+    ignore_columns
+        Tables contract: columns of the job's table that are not the rows' (``--ignore-column``).
     """
 
     command: str | None = None
@@ -83,6 +84,7 @@ class JobSpec:
     lag_from: LagFrom | None = None
     contract: str = "full"
     format: str = "auto"
+    ignore_columns: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         OutputSpec(Path("."), self.contract, self.format)  # checks both names
@@ -148,7 +150,7 @@ def job_parts(
         bootstrap=kafka.bootstrap,
         output=job.output or root / "output",
         checkpoint=root / "checkpoint",
-        pattern=re.escape(prefix) + ".*",
+        pattern=topic_pattern(prefix),
         settings=profile.pipeline,
         extra_args=extra_args,
         template=job.template(),
@@ -159,7 +161,9 @@ def job_parts(
     process: PipelineProcess = (
         AttachedPipeline(config, log_path) if job.attach else PipelineProcess(config, log_path)
     )
-    output = OutputSpec(config.output, job.contract, job.format, seen=root / "output_seen.json")
+    output = OutputSpec(
+        config.output, job.contract, job.format, seen=root / "output_seen.json", ignored=job.ignore_columns
+    )
     source: LagSource
     if job.lag_from is None:
         source = CheckpointLag(config.checkpoint)

@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import re
 import signal
 import sys
 import threading
@@ -52,11 +51,12 @@ from loadtest.runner import _apply_schedule, _Clock, _data_loss_reports, _drain,
 from loadtest.samplers import KafkaLagProbe, OutputProbe, ProgressProbe, ResourceProbe, Sampler
 from loadtest.stage import LocalControl, RunStage
 from loadtest.triage import Triager
+from loadtest.values import read_snapshots
 from loadtest.verify import PipelineOutput, read_output, verify
 from simulator.config import FaultConfig
 from sotw.broker import LocalBroker, local_broker
 from sotw.errors import SotwError
-from sotw.kafka import KafkaConfig
+from sotw.kafka import KafkaConfig, topic_pattern
 
 log = logging.getLogger(__name__)
 
@@ -198,7 +198,10 @@ def verify_locust_run(
     """``loadtest.verify.verify_run`` over the union of the run's parts, restricted to the run's topics."""
     ledger = read_ledger(run_dir)
     expectation = build_expectation(
-        profile.pipeline.verifier_policy(timeouts_expire=timeouts_expire), ledger, read_truth(run_dir)
+        profile.pipeline.verifier_policy(timeouts_expire=timeouts_expire),
+        ledger,
+        read_truth(run_dir),
+        read_snapshots(run_dir),
     )
     with Triager(ledger, kafka) as triager:
         return verify(expectation, run_output(read_output(output_root), prefix), triager, pipeline_stopped)
@@ -234,7 +237,7 @@ class Run:
         self._ended = threading.Event()
         self._steady_load: list[float] = []
         self.lag = (
-            KafkaLagProbe(session.kafka, re.escape(self.prefix) + ".*", session.checkpoint)
+            KafkaLagProbe(session.kafka, topic_pattern(self.prefix), session.checkpoint)
             if session.checkpoint is not None
             else None
         )
@@ -516,7 +519,7 @@ class Session:
                     bootstrap=self.kafka.bootstrap,
                     output=self.output,
                     checkpoint=self.checkpoint,
-                    pattern=re.escape(self.prefix) + ".*",
+                    pattern=topic_pattern(self.prefix),
                     settings=profile.pipeline,
                     extra_args=("-q", *flags),
                 ),

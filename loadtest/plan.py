@@ -28,7 +28,6 @@ import json
 import math
 import os
 import platform
-import re
 import subprocess
 import sys
 import tempfile
@@ -44,6 +43,7 @@ import psutil
 from loadtest.errors import HarnessError
 from loadtest.profile import Profile, load_profile
 from loadtest.results import _build, _plain
+from sotw.kafka import topic_pattern
 
 MEASUREMENTS_SCHEMA = 1
 SMALL_BATCH, LARGE_BATCH = 3_000, 30_000
@@ -474,7 +474,7 @@ def measure(
         )
         produce_us = fill("plan-fleet-", messages)
         fill("plan-single-", messages // 2, sensors=1, partitions=1)
-        fleet, single = re.escape("plan-fleet-") + ".*", re.escape("plan-single-") + ".*"
+        fleet, single = topic_pattern("plan-fleet-"), topic_pattern("plan-single-")
         costs: list[BatchCost] = []
         consumed_cpu, consumed = 0.0, 0
         partition_rate = math.nan

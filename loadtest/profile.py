@@ -190,6 +190,8 @@ class PipelineSettings:
             window_messages=self.window_messages,
             window_ms=self.window_ms,
             timeouts_expire=timeouts_expire,
+            session_timeout_ms=self.session_timeout_ms,
+            trigger_ms=self.trigger_ms,
         )
 
     def args(self) -> list[str]:

@@ -476,6 +476,10 @@ def _correctness_rows(c: Correctness) -> tuple[list[str], list[list[str]]]:
             f"({fmt(100 * c.exact_match_rate, '%')})",
         ],
         ["change rows expected / written", f"{fmt(c.rows_expected)} / {fmt(c.rows_written)}"],
+        [
+            "change rows whose values were checked / wrong",
+            f"{fmt(c.rows_values_checked)} / {fmt(c.rows_wrong)} (every session)",
+        ],
         ["rows lost / repeated / unexpected", f"{c.rows_lost} / {c.rows_repeated} / {c.rows_unexpected}"],
         ["malformed quarantined", f"{c.malformed_quarantined} of {c.malformed_sent}"],
         ["session statuses", ", ".join(f"{k} {v}" for k, v in sorted(c.statuses.items())) or "-"],
@@ -496,7 +500,11 @@ def _tables_rows(c: Correctness) -> list[list[str]]:
             "exact final tables",
             f"{c.sessions_exact} of {c.sessions_exact_required} judged ({fmt(100 * c.exact_match_rate, '%')})",
         ],
-        ["not judged (a message lost before the pipeline)", fmt(c.sessions_not_judged)],
+        [
+            "judged against what their delivered messages build (they lost some)",
+            fmt(c.sessions_judged_from_delivered),
+        ],
+        ["not judged (a message whose delivery is unknown)", fmt(c.sessions_not_judged)],
         ["rows expected / written", f"{fmt(c.rows_expected)} / {fmt(c.rows_written)}"],
         [
             "rows wrong / missing / extra / repeated",

@@ -173,10 +173,13 @@ class Correctness:
     """The verifier's verdict on the pipeline's output under the run's policy.
 
     ``contract`` is the output contract it was read with (``full`` or ``tables``, see
-    ``loadtest.contracts``), ``output_format`` ``parquet`` or ``delta``. Under ``tables``, ``rows_wrong``
-    counts rows with wrong values and ``sessions_not_judged`` the sessions that lost a message before the
-    pipeline could see it. ``latency_source`` says which commit time end-to-end latency was measured
-    against (``loadtest.contracts.COMMIT_SOURCES``).
+    ``loadtest.contracts``), ``output_format`` ``parquet`` or ``delta``. ``rows_wrong`` counts rows whose
+    values are not what their message carried, ``rows_values_checked`` the rows whose values were compared
+    with it. Under ``tables``, ``sessions_judged_from_delivered`` counts the sessions that lost messages
+    before the pipeline could see them, judged against the table their delivered messages build, and
+    ``sessions_not_judged`` those that could not be judged (a message whose delivery is unknown).
+    ``latency_source`` says which commit time end-to-end latency was measured against
+    (``loadtest.contracts.COMMIT_SOURCES``).
     """
 
     policy: str
@@ -205,6 +208,8 @@ class Correctness:
     rows_wrong: int = 0
     sessions_not_judged: int = 0
     latency_source: str = ""
+    rows_values_checked: int = 0
+    sessions_judged_from_delivered: int = 0
 
 
 @dataclass(frozen=True)

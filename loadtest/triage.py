@@ -29,6 +29,8 @@ log = logging.getLogger(__name__)
 MESSAGE_KINDS = frozenset(
     {"lost_row", "missing_session", "malformed_not_quarantined", "false_violation", "not_delivered"}
 )
+# Rows with values other than a message carried: traced through the layers when they name that message's seq.
+WRONG_KINDS = frozenset({"wrong_value", "wrong_row", "missing_row", "extra_row"})
 
 
 class KafkaReader:
@@ -158,7 +160,8 @@ class Triager:
         traced: dict[int, Triage] = {}
         checked = 0
         for i, d in enumerate(items):
-            if d.kind not in MESSAGE_KINDS or (d.kind == "false_violation" and d.seq is None):
+            traced_kind = d.kind in MESSAGE_KINDS or (d.kind in WRONG_KINDS and d.seq is not None)
+            if not traced_kind or (d.kind == "false_violation" and d.seq is None):
                 continue
             # The ledger alone settles what the producer never delivered; only the rest costs a Kafka read.
             found = self._from_ledger(d)
@@ -168,7 +171,7 @@ class Triager:
                 traced[i] = NOT_READ_BACK
             elif checked < self._limit:
                 checked += 1
-                traced[i] = self._from_kafka(found)
+                traced[i] = self._from_kafka(found, wrote=d.kind in WRONG_KINDS)
             else:
                 traced[i] = replace(
                     NOT_READ_BACK, detail=f"delivered per the ledger; not read back (limit {self._limit})"
@@ -224,13 +227,18 @@ class Triager:
             )
         return acked
 
-    def _from_kafka(self, acked: pd.DataFrame) -> Triage:
-        """Where the acknowledged copies are in Kafka, if anywhere."""
+    def _from_kafka(self, acked: pd.DataFrame, wrote: bool = False) -> Triage:
+        """Where the acknowledged copies are in Kafka, if anywhere.
+
+        ``wrote``: the pipeline wrote a row from the message (with other values), rather than losing it.
+        """
         delivered = acked[acked["offset"].notna()]
         if delivered.empty:
             # librdkafka acknowledges an idempotent retry the broker already had without an offset (-1001).
             return self._search_kafka(acked)
-        return self._check_kafka(delivered)
+        return self._check_kafka(
+            delivered, "the pipeline wrote it wrong" if wrote else "the pipeline lost it"
+        )
 
     def _ledger_copies(self, d: Discrepancy) -> pd.DataFrame | None:
         ledger = self._ledger
@@ -253,7 +261,7 @@ class Triager:
             copies = copies[copies["offset"] == d.offset]
         return copies
 
-    def _check_kafka(self, delivered: pd.DataFrame) -> Triage:
+    def _check_kafka(self, delivered: pd.DataFrame, verdict: str = "the pipeline lost it") -> Triage:
         assert self._reader is not None
         notes = []
         for r in _records(delivered):  # only copies with an offset reach here
@@ -265,9 +273,7 @@ class Triager:
             elif hashlib.sha256(value).hexdigest() != r["value_sha256"]:
                 notes.append(f"different value at {where}")
             else:
-                return Triage(
-                    "pipeline", True, True, True, detail=f"in Kafka at {where}; the pipeline lost it"
-                )
+                return Triage("pipeline", True, True, True, detail=f"in Kafka at {where}; {verdict}")
         return Triage("broker", True, True, False, detail="acknowledged but " + "; ".join(notes))
 
     def _search_kafka(self, acked: pd.DataFrame) -> Triage:

@@ -48,6 +48,7 @@ from loadtest.expect import (
 )
 from loadtest.results import Correctness, DamageWindow, Discrepancy, FaultScore, LatencySummary
 from loadtest.triage import Triager
+from loadtest.values import check_changes, read_snapshots, sent_messages
 from sotw.kafka import KafkaConfig
 from sotw.wire import table_digest
 
@@ -483,6 +484,72 @@ def check_dead_letters(exp: Expectation, dead: pd.DataFrame, tally: _Tally) -> N
         )
 
 
+def check_values(exp: Expectation, changes: pd.DataFrame, tally: _Tally) -> None:
+    """Every change row holds what the message it came from carried, in every session (``loadtest.values``).
+
+    This does not depend on the policy's reading of a session: whatever a policy applies, it applies the
+    message's own values.
+    """
+    findings, checked = check_changes(
+        changes, sent_messages(exp.ledger), exp.snapshots, exp.policy.applies_whole_snapshots
+    )
+    tally.counts["rows_values_checked"] = checked
+    for f in findings:
+        want = exp.sessions.get(f.session, (None,))[0]
+        tally.counts["rows_wrong" if f.kind == "wrong_value" else "rows_lost"] += 1
+        tally.add(f.kind, want, f.detail, session=f.session, seq=f.seq)
+
+
+def check_timeouts(exp: Expectation, output: PipelineOutput, tally: _Tally) -> None:
+    """A session closed by its timeout was quiet for the session timeout before it closed, within one trigger.
+
+    Quiet since the later of two moments no message of the session can have come before: the last batch
+    before the closing one that wrote a record of it, and the acknowledgement of its last copy the broker
+    took. Both come no later than the pipeline's last sight of the session, so a correct pipeline always
+    passes; one that closes a session a trigger after its last batch does not.
+    """
+    policy, sessions = exp.policy, output.sessions
+    if policy.session_timeout_ms is None or sessions.empty or "closed_by" not in sessions.columns:
+        return
+    timed = sessions[(sessions["closed_by"] == "timeout") & sessions["processed_ms"].notna()]
+    if timed.empty:
+        return
+    closed = timed.groupby(timed["session"].astype(str))["processed_ms"].min()
+    last_batch = _last_batch_before(output, closed)
+    ledger = exp.ledger
+    acked_rows = ledger[ledger["acked_ts"].notna()]
+    acked = acked_rows.groupby(acked_rows["session"].astype(str))["acked_ts"].max()
+    trigger_ms = policy.trigger_ms or 0
+    for session, when in closed.items():
+        since = max(float(last_batch.get(session, -math.inf)), float(acked.get(session, -math.inf)))
+        if math.isinf(since) or when - since >= policy.session_timeout_ms - trigger_ms:
+            continue
+        tally.add(
+            "early_timeout",
+            exp.sessions.get(str(session), (None,))[0],
+            f"closed by its timeout {(when - since) / 1000:.1f} s after its last message; the session timeout "
+            f"is {policy.session_timeout_ms / 1000:g} s (one trigger, {trigger_ms / 1000:g} s, allowed)",
+            session=str(session),
+        )
+
+
+def _last_batch_before(output: PipelineOutput, closed: pd.Series) -> pd.Series:
+    """Per session, the last ``processed_ms`` before it closed of its change and integrity rows."""
+    frames = [output.changes]
+    if not output.integrity.empty and "violation" in output.integrity.columns:
+        frames.append(output.integrity[output.integrity["violation"] != "timeout"])
+    parts = [
+        pd.DataFrame({"session": f["session"].astype(str), "processed_ms": f["processed_ms"]})
+        for f in frames
+        if not f.empty and "processed_ms" in f.columns
+    ]
+    if not parts:
+        return pd.Series(dtype="float64")
+    activity = pd.concat(parts, ignore_index=True).join(closed.rename("closed"), on="session")
+    before = activity[activity["processed_ms"] < activity["closed"]]
+    return before.groupby("session")["processed_ms"].max()
+
+
 def check_delivery(exp: Expectation, tally: _Tally) -> None:
     """Messages the producer meant to send that never reached the broker (not injected faults)."""
     for r in exp.undelivered.to_dict("records"):
@@ -533,6 +600,8 @@ def verify(
     """
     tally = _Tally()
     check_sessions(expectation, output, tally)
+    check_values(expectation, output.changes, tally)
+    check_timeouts(expectation, output, tally)
     score_faults(expectation, tally)
     check_dead_letters(expectation, output.dead_letters, tally)
     check_delivery(expectation, tally)
@@ -559,6 +628,8 @@ def _correctness(exp: Expectation, tally: _Tally, discrepancies: list[Discrepanc
         rows_lost=tally.counts["rows_lost"],
         rows_repeated=tally.counts["rows_repeated"],
         rows_unexpected=tally.counts["rows_unexpected"],
+        rows_wrong=tally.counts["rows_wrong"],
+        rows_values_checked=tally.counts["rows_values_checked"],
         malformed_sent=len(exp.malformed),
         malformed_quarantined=tally.counts["malformed_quarantined"],
         must_stop=exp.must_stop,
@@ -591,14 +662,14 @@ def verify_run(
         if spec.contract == "tables":
             tables = read_tables(spec)
             correctness, found = verify_tables(
-                ledger, read_truth(run_dir), read_truth_tables(run_dir), tables
+                ledger, read_truth(run_dir), read_truth_tables(run_dir), tables, read_snapshots(run_dir)
             )
             source = tables.commit_source
             discrepancies = triager.triage_all(found)
             blame = Counter(d.triage.layer for d in discrepancies if d.triage is not None)
             correctness = replace(correctness, discrepancies=discrepancies, blame=dict(blame))
         else:
-            expectation = build_expectation(policy, ledger, read_truth(run_dir))
+            expectation = build_expectation(policy, ledger, read_truth(run_dir), read_snapshots(run_dir))
             correctness = verify(expectation, read_output(spec.path, fmt), triager, pipeline_stopped)
             source = "delta" if fmt == "delta" else "markers"
     return replace(correctness, output_format=fmt, latency_source=COMMIT_SOURCES[source])

@@ -11,7 +11,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from simulator.faults import ABANDONED, DELAYED, DUPLICATE, FAULT_NAMES, GAP, MALFORMED, NONE, malform
 from simulator.ledger import KIND_NAMES
@@ -66,7 +66,7 @@ class FaultInjector:
         elif fault == MALFORMED:
             variant = int(planned.draw * 1_000_003) % 3
             broken = malform(msg.value, KIND_NAMES[msg.kind], msg.seq, variant)
-            self.sender.send(Message(msg.session, msg.seq, msg.kind, msg.intended_ms, broken), MALFORMED)
+            self.sender.send(replace(msg, value=broken), MALFORMED)
         elif fault == DELAYED:
             self._hold(msg.intended_ms + max(planned.delay_ms, 1), msg, DELAYED)
         elif fault == DUPLICATE:

@@ -58,15 +58,21 @@ LEDGER_SCHEMA = pa.schema(
         pa.field(
             "acked_ts", pa.int64()
         ),  # epoch ms when the delivery report was served; null if not delivered
+        pa.field("row_id", pa.int64()),  # the row an update touches; null for a snapshot or an end
+        pa.field("op", pa.string()),  # an update's op: upsert | delete; null for a snapshot or an end
     ]
 )
 
 KIND_NAMES = ("snapshot", "update", "end")
 SNAPSHOT, UPDATE, END = range(3)
+#: An update's op as the ledger keeps it (``NO_OP`` for a snapshot or an end), and its name.
+OP_NAMES = (None, "upsert", "delete")
+NO_OP, UPSERT, DELETE = range(3)
 _ZERO_DIGEST = bytes(32)
-#: (session code, seq, kind, fault, intended_ms, sent_s or -1); the partition is the session's, looked up when
-#: the chunk is written, and the row's SHA-256 digest goes to the chunk's digest buffer (32 bytes a row).
-Row = tuple[int, int, int, int, int, float]
+#: (session code, seq, kind, fault, intended_ms, sent_s or -1, row id or -1, op); the partition is the
+#: session's, looked up when the chunk is written, and the row's SHA-256 digest goes to the chunk's digest
+#: buffer (32 bytes a row).
+Row = tuple[int, int, int, int, int, float, int, int]
 _CHUNK_DTYPE = np.dtype(
     [
         ("session", np.int32),
@@ -75,6 +81,8 @@ _CHUNK_DTYPE = np.dtype(
         ("fault", np.int8),
         ("intended", np.int64),
         ("sent", np.float64),
+        ("row", np.int64),
+        ("op", np.int8),
     ]
 )
 NOT_ACKNOWLEDGED = "not acknowledged before exit"
@@ -230,11 +238,13 @@ class Ledger:
         intended_ms: np.ndarray,
         sent_s: np.ndarray,
         values: Values,
+        row_ids: np.ndarray,
+        deletes: np.ndarray,
     ) -> int:
-        """Append a block of sent rows at once (the hot path); returns the first one's row number.
+        """Append a block of sent updates at once (the hot path); returns the first one's row number.
 
         The arrays have one entry per row; ``values`` are what was sent, in order (their SHA-256 digests are
-        computed on the writer thread).
+        computed on the writer thread); ``row_ids`` the rows the updates touch, ``deletes`` True for a delete.
         """
         n = len(seq)
         if len(values) != n:
@@ -248,6 +258,8 @@ class Ledger:
         piece["fault"] = fault
         piece["intended"] = intended_ms
         piece["sent"] = sent_s
+        piece["row"] = row_ids
+        piece["op"] = np.where(deletes, DELETE, UPSERT)
         self._pieces.append(piece)
         self._piece_rows += n
         self.sent += int(np.count_nonzero(sent_s >= 0))
@@ -314,10 +326,15 @@ class Ledger:
         intended_ms: int,
         sent_s: float = -1.0,
         digest: bytes | None = None,
+        row_id: int = -1,
+        op: int = NO_OP,
     ) -> int:
-        """Append one row off the hot path; returns its row number."""
+        """Append one row off the hot path; returns its row number.
+
+        ``row_id`` and ``op`` (``UPSERT`` or ``DELETE``) say what an update does to its table.
+        """
         index = self.next_index
-        self.rows.append((session, seq, kind, fault, intended_ms, sent_s))
+        self.rows.append((session, seq, kind, fault, intended_ms, sent_s, row_id, op))
         if sent_s >= 0:
             self.sent += 1
         self._ready += _ZERO_DIGEST if digest is None else digest
@@ -326,9 +343,9 @@ class Ledger:
 
     def unsend_last(self) -> None:
         """Record the row just added as never sent: the client refused its message after all."""
-        session, seq, kind, fault, intended_ms, sent_s = self.rows[-1]
+        session, seq, kind, fault, intended_ms, sent_s, row_id, op = self.rows[-1]
         if sent_s >= 0:
-            self.rows[-1] = (session, seq, kind, fault, intended_ms, -1.0)
+            self.rows[-1] = (session, seq, kind, fault, intended_ms, -1.0, row_id, op)
             self.sent -= 1
 
     def outstanding(self) -> int:
@@ -501,6 +518,8 @@ class Ledger:
                 errors,
                 sha_text,
                 pa.array(ack, mask=~delivered),
+                pa.array(chunk["row"], mask=chunk["row"] < 0),
+                pa.array(OP_NAMES, pa.string()).take(pa.array(chunk["op"])),
             ],
             schema=LEDGER_SCHEMA,
         )

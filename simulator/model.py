@@ -169,8 +169,8 @@ class TableStore:
         self.names = column_names(columns)
         self.numeric = [c for c in self.names if c == "value" or c.startswith("x")]
         self.has_status = "status" in self.names
-        #: Columns a message fills in, in row order: the numeric ones and ``status``.
-        self.holes = [c for c in self.names if c in self.numeric or c == "status"]
+        #: Columns a message fills in, in row order (``row`` sorts a row's keys): the numeric ones and ``status``.
+        self.holes = [c for c in sorted(self.names) if c in self.numeric or c == "status"]
         churn = min(0.5, (insert_ratio + delete_ratio) / 2.0)
         self.capacity = max(rows, int(round(rows / (1.0 - churn))), 1)
         self.p_delete = churn / (1.0 - churn)
@@ -217,7 +217,12 @@ class TableStore:
         return index
 
     def row(self, rid: int, values: Any, status: int) -> dict[str, Any]:
-        """The row ``rid`` with these numeric values and status, as a dict for the wire."""
+        """The row ``rid`` with these numeric values and status, as a dict for the wire, keys sorted.
+
+        Sorted keys make a row's text in a message its canonical form (``sotw.wire.canonical_row``): the
+        verifier rebuilds an update's message from the row a pipeline wrote and checks it against the digest
+        the ledger kept of what was sent.
+        """
         name, unit = MEASUREMENTS[rid % _NM][:2]
         row: dict[str, Any] = {"id": rid}
         j = 0
@@ -231,7 +236,7 @@ class TableStore:
             else:
                 row[col] = float(values[j])
                 j += 1
-        return row
+        return dict(sorted(row.items()))
 
     def template(self, rid: int) -> bytes:
         """Row ``rid``'s ``wire.row_template`` with ``holes`` open."""

@@ -20,7 +20,7 @@ import numpy as np
 from simulator.config import SimulatorConfig
 from simulator.faults import ABANDONED, NONE, FaultTable, decide
 from simulator.fleet import Fleet, Sensor, Session
-from simulator.ledger import END, SNAPSHOT, UPDATE
+from simulator.ledger import DELETE, END, NO_OP, SNAPSHOT, UPDATE, UPSERT
 from simulator.model import STATUSES, BlockUpdate, FinalTable, TableStore, stable_order
 from simulator.native import Values
 from simulator.truth import Truth
@@ -45,7 +45,8 @@ _STATUS_JSON = np.array([wire.encode_row(s) for s in STATUSES], dtype=object)
 class Message:
     """One planned message: its session, seq, kind (``ledger.SNAPSHOT``, ``UPDATE``, ``END``), time and value.
 
-    ``value`` is empty for a message that is never sent (an abandoned session's end).
+    ``value`` is empty for a message that is never sent (an abandoned session's end). An update also names
+    the row it touches and its op (``ledger.UPSERT`` or ``DELETE``), which the ledger keeps.
     """
 
     session: Session
@@ -53,6 +54,8 @@ class Message:
     kind: int
     intended_ms: int
     value: bytes = b""
+    row_id: int = -1
+    op: int = NO_OP
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +135,8 @@ class UpdateRun:
         The encoded messages.
     faults, delays_ms, fault_draws
         Each message's fault code, hold-back delay and fault uniform.
+    row_ids, deletes
+        The row each message touches, and whether it deletes it.
     """
 
     sessions: list[Session]
@@ -143,6 +148,8 @@ class UpdateRun:
     faults: list[int]
     delays_ms: np.ndarray
     fault_draws: np.ndarray
+    row_ids: np.ndarray
+    deletes: np.ndarray
 
     def __len__(self) -> int:
         return len(self.due_ms)
@@ -159,6 +166,8 @@ class UpdateRun:
             UPDATE,
             self.due_ms[i],
             self.values.value(i),
+            int(self.row_ids[i]),
+            DELETE if self.deletes[i] else UPSERT,
         )
         return Planned(message, self.faults[i], int(self.delays_ms[i]), float(self.fault_draws[i]))
 
@@ -372,6 +381,8 @@ class Planner:
             faults=block.faults[start:stop],
             delays_ms=block.delays_ms[start:stop],
             fault_draws=block.fault_draws[start:stop],
+            row_ids=update.rid,
+            deletes=update.delete,
         )
 
     def plan_message(self, block: Block, i: int) -> Planned:
@@ -393,12 +404,18 @@ class Planner:
         seq = sess.seq + 1
         sess.seq = seq
         value = sess.templates[op] % (seq, due, wire.encode_row(row))
-        return Planned(Message(sess, seq, UPDATE, due, value), fault, delay, draw)
+        message = Message(sess, seq, UPDATE, due, value, int(row["id"]), DELETE if op == "delete" else UPSERT)
+        return Planned(message, fault, delay, draw)
 
     def _start_session(self, sensor: Sensor, due_ms: int) -> Message:
         sess = self.fleet.new_session(sensor, due_ms, first=sensor.sessions == 0)
         sess.seq = 0
-        value = wire.encode_snapshot(sensor.id, sess.id, 0, due_ms, sensor.table.snapshot_rows())
+        rows = sensor.table.snapshot_rows()
+        value = wire.encode_snapshot(sensor.id, sess.id, 0, due_ms, rows)
+        # The rows' keys are sorted (``TableStore.row``): each text is the row as the message carries it.
+        self.truth.snapshot(
+            sensor=sensor.id, session=sess.id, rows=[(r["id"], wire.encode_row(r).decode()) for r in rows]
+        )
         return Message(sess, 0, SNAPSHOT, due_ms, value)
 
     def end_session(self, sensor: Sensor, due_ms: int, abandoned: bool) -> Planned:

@@ -178,7 +178,9 @@ class Sender:
         producer, ledger, session = self.producer, self.ledger, msg.session
         topic = producer.topic(session.topic)
         now, digest = self.clock(), hashlib.sha256(msg.value).digest()
-        row = ledger.add_row(session.code, msg.seq, msg.kind, fault, msg.intended_ms, now, digest)
+        row = ledger.add_row(
+            session.code, msg.seq, msg.kind, fault, msg.intended_ms, now, digest, msg.row_id, msg.op
+        )
         try:
             self._produce_or_wait(
                 functools.partial(producer.produce, topic, session.partition, msg.value, session.key, row),
@@ -194,7 +196,9 @@ class Sender:
 
     def record_unsent(self, msg: Message, fault: int) -> None:
         """Add the ledger row of a message planned but never sent (a gap, an abandoned end, one held back)."""
-        self.ledger.add_row(msg.session.code, msg.seq, msg.kind, fault, msg.intended_ms)
+        self.ledger.add_row(
+            msg.session.code, msg.seq, msg.kind, fault, msg.intended_ms, row_id=msg.row_id, op=msg.op
+        )
 
     def stage(self, run: UpdateRun) -> StagedRun:
         """What the producer needs to send ``run``'s messages (topic handles, partitions, keys)."""
@@ -243,6 +247,8 @@ class Sender:
                     run.due_ms_array[start : start + done],
                     sent[:done],
                     run.values[start : start + done],
+                    run.row_ids[start : start + done],
+                    run.deletes[start : start + done],
                 )
                 self.sent += done
 

@@ -1,10 +1,13 @@
-"""The truth: each session's final table as the sensor held it, and the session list.
+"""The truth: each session's final table as the sensor held it, its snapshot, and the session list.
 
 This is what a perfect pipeline must reconstruct. ``SESSIONS_SCHEMA``, ``TABLES_SCHEMA`` and ``SENSORS_SCHEMA``
-are the one definition of ``<run_dir>/truth/sessions.parquet``, ``truth/tables/*.parquet`` and
-``truth/sensors.parquet``. Tables are written as sessions close, in files of bounded size. A run that is
-verified while it goes on also gets ``truth/closed/part-NNNNN.parquet``: the sessions closed since the part
-before (``Truth.write_closed``), with the columns of ``sessions.parquet``.
+are the one definition of ``<run_dir>/truth/sessions.parquet``, ``truth/tables/*.parquet`` (and
+``truth/snapshots/*.parquet``, the same columns) and ``truth/sensors.parquet``. Tables are written as
+sessions close, snapshots as they start, in files of bounded size. The snapshots are what seq 0 carried: a
+session that lost later messages is judged against the table its delivered messages build
+(``loadtest.contracts``), and a snapshot's change rows against the rows it sent (``loadtest.verify``). A run
+that is verified while it goes on also gets ``truth/closed/part-NNNNN.parquet``: the sessions closed since
+the part before (``Truth.write_closed``), with the columns of ``sessions.parquet``.
 """
 
 from __future__ import annotations
@@ -51,6 +54,44 @@ SENSORS_SCHEMA = pa.schema(
 )
 
 
+class _RowFiles:
+    """Rows of ``TABLES_SCHEMA`` buffered and written as ``part-NNNNN.parquet`` files of bounded size."""
+
+    def __init__(self, directory: Path, rows_per_file: int) -> None:
+        self.directory = directory
+        directory.mkdir(parents=True, exist_ok=True)
+        self.rows_per_file = rows_per_file
+        self._cols: tuple[list[str], list[str], list[int], list[str]] = ([], [], [], [])
+        self._files = 0
+
+    def add(self, sensor: str, session: str, table: list[tuple[int, str]]) -> None:
+        """Buffer one session's rows (``(id, row text)``); write a file once enough are buffered."""
+        sensors, sessions, ids, values = self._cols
+        for rid, text in table:
+            sensors.append(sensor)
+            sessions.append(session)
+            ids.append(rid)
+            values.append(text)
+        if len(ids) >= self.rows_per_file:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write what is buffered as the next file."""
+        if not self._cols[0]:
+            return
+        table = pa.Table.from_arrays([pa.array(c) for c in self._cols], schema=TABLES_SCHEMA)
+        pq.write_table(table, self.directory / f"part-{self._files:05d}.parquet", compression="zstd")
+        self._files += 1
+        self._cols = ([], [], [], [])
+
+    def close(self) -> None:
+        """Write the rest; an empty file when nothing was ever written, so the dataset stays readable."""
+        self.flush()
+        if self._files == 0:
+            pq.write_table(TABLES_SCHEMA.empty_table(), self.directory / "part-00000.parquet")
+            self._files = 1
+
+
 class Truth:
     """Collects closed sessions and their tables and writes them under ``<run_dir>/truth``.
 
@@ -64,12 +105,11 @@ class Truth:
 
     def __init__(self, directory: Path, rows_per_file: int = 200_000) -> None:
         self.directory = directory
-        (directory / "tables").mkdir(parents=True, exist_ok=True)
         self.rows_per_file = rows_per_file
         self.sessions: list[dict[str, Any]] = []
         self.sensors: list[dict[str, Any]] = []
-        self._table_cols: tuple[list[str], list[str], list[int], list[str]] = ([], [], [], [])
-        self._files = 0
+        self._tables = _RowFiles(directory / "tables", rows_per_file)
+        self._snapshots = _RowFiles(directory / "snapshots", rows_per_file)
         self._closed_written = 0  # sessions already in a closed/ part
         self._closed_parts = 0
 
@@ -100,24 +140,11 @@ class Truth:
                 "ended_ms": ended_ms,
             }
         )
-        sensors, sessions, ids, values = self._table_cols
-        for rid, canon in table:
-            sensors.append(sensor)
-            sessions.append(session)
-            ids.append(rid)
-            values.append(canon)
-        if len(ids) >= self.rows_per_file:
-            self._flush_tables()
+        self._tables.add(sensor, session, table)
 
-    def _flush_tables(self) -> None:
-        if not self._table_cols[0]:
-            return
-        table = pa.Table.from_arrays([pa.array(c) for c in self._table_cols], schema=TABLES_SCHEMA)
-        pq.write_table(
-            table, self.directory / "tables" / f"part-{self._files:05d}.parquet", compression="zstd"
-        )
-        self._files += 1
-        self._table_cols = ([], [], [], [])
+    def snapshot(self, *, sensor: str, session: str, rows: list[tuple[int, str]]) -> None:
+        """Record the rows a session's snapshot carried (``(id, row as JSON)``, sorted by id)."""
+        self._snapshots.add(sensor, session, rows)
 
     def write_closed(self) -> None:
         """Write the sessions recorded since the last call to the next ``closed/part-NNNNN.parquet``.
@@ -138,11 +165,9 @@ class Truth:
         self._closed_parts += 1
 
     def close(self) -> None:
-        """Write the remaining tables, ``sessions.parquet`` and ``sensors.parquet``."""
-        self._flush_tables()
-        if self._files == 0:  # keep the dataset readable even when no session closed
-            pq.write_table(TABLES_SCHEMA.empty_table(), self.directory / "tables" / "part-00000.parquet")
-            self._files = 1
+        """Write the remaining tables and snapshots, ``sessions.parquet`` and ``sensors.parquet``."""
+        self._tables.close()
+        self._snapshots.close()
         pq.write_table(
             pa.Table.from_pylist(self.sessions, schema=SESSIONS_SCHEMA), self.directory / "sessions.parquet"
         )

@@ -71,6 +71,21 @@ class KafkaConfig:
         return Consumer(conf)
 
 
+#: Characters a regular expression gives a meaning outside a character class.
+_REGEX_SPECIAL = frozenset(".^$*+?()[]{}|\\")
+
+
+def topic_pattern(prefix: str) -> str:
+    """A regex matching exactly the topics that start with ``prefix``: ``^`` + the prefix + ``.*``.
+
+    Anchored, because librdkafka (and every client built on it) takes a subscription as a regex only when it
+    starts with ``^``, and Spark's ``subscribePattern`` and Python's ``re`` read it the same way. Only the
+    characters that mean something outside a character class are escaped (``re.escape`` also escapes ``-``,
+    which not every regex engine accepts escaped).
+    """
+    return "^" + "".join("\\" + c if c in _REGEX_SPECIAL else c for c in prefix) + ".*"
+
+
 def setting_text(value: Any) -> str:
     """A librdkafka setting's value as the text librdkafka takes: ``True`` -> ``true``, 5 -> ``5``."""
     return str(value).lower() if isinstance(value, bool) else str(value)

@@ -3,7 +3,6 @@ broker and its restart, and the pipeline drains it into the same output as from 
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 from pipeline import query
@@ -12,7 +11,7 @@ from pipeline.inspect import read_dataset
 from pipeline.policies import PolicyConfig
 from simulator import Simulator, SimulatorConfig
 from sotw.broker import KafkaBroker
-from sotw.kafka import KafkaConfig
+from sotw.kafka import KafkaConfig, topic_pattern
 
 
 def drain(spark, kafka: KafkaConfig, prefix: str, where: Path) -> dict[str, list[tuple]]:
@@ -22,7 +21,7 @@ def drain(spark, kafka: KafkaConfig, prefix: str, where: Path) -> dict[str, list
         kafka=kafka,
         output=where / "output",
         checkpoint=where / "checkpoint",
-        pattern=re.escape(prefix) + ".*",
+        pattern=topic_pattern(prefix),
         policy=PolicyConfig("ordered"),
         trigger_ms=None,  # availableNow
         discovery_interval_ms=0,

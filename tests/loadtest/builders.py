@@ -36,13 +36,18 @@ LEDGER_SCHEMA = pa.schema(
         ("error", pa.string()),
         ("value_sha256", pa.string()),
         ("acked_ts", pa.int64()),
+        ("row_id", pa.int64()),
+        ("op", pa.string()),
     ]
 )
 
 
 @dataclass
 class SessionSpec:
-    """A session's messages: a 3-row snapshot, five updates touching different rows, and an end."""
+    """A session's messages: a 3-row snapshot, five updates touching different rows, and an end.
+
+    Rows have their keys sorted and measurements as floats, as the simulator sends them.
+    """
 
     session: str = "s1"
     sensor: str = "0001"
@@ -50,13 +55,13 @@ class SessionSpec:
     messages: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        snapshot = [{"id": i, "value": i, "unit": "C"} for i in (1, 2, 3)]
+        snapshot = [{"id": i, "unit": "C", "value": float(i)} for i in (1, 2, 3)]
         updates = [
-            ("upsert", {"id": 1, "value": 10, "unit": "C"}),
-            ("upsert", {"id": 2, "value": 20, "unit": "C"}),
-            ("upsert", {"id": 4, "value": 40, "unit": "C"}),
+            ("upsert", {"id": 1, "unit": "C", "value": 10.0}),
+            ("upsert", {"id": 2, "unit": "C", "value": 20.0}),
+            ("upsert", {"id": 4, "unit": "C", "value": 40.0}),
             ("delete", {"id": 3}),
-            ("upsert", {"id": 1, "value": 50, "unit": "C"}),
+            ("upsert", {"id": 1, "unit": "C", "value": 50.0}),
         ]
         self.messages = [{"seq": 0, "kind": "snapshot", "rows": snapshot}]
         self.messages += [
@@ -97,7 +102,9 @@ class SessionSpec:
         table = self.table()
         return encode_end(self.sensor, self.session, seq, ts, len(table), table_digest(table.values()))
 
-    def change_rows(self, seq: int, batch: int = 0, offset: int = 0) -> list[dict[str, Any]]:
+    def change_rows(
+        self, seq: int, batch: int = 0, offset: int = 0, processed_ms: int = T0 + 5000
+    ) -> list[dict[str, Any]]:
         """The change rows a pipeline writes when it applies ``seq``."""
         msg = self.messages[seq]
         base = {
@@ -105,7 +112,7 @@ class SessionSpec:
             "seq": seq,
             "event_ms": T0 + seq * 100,
             "batch_id": batch,
-            "processed_ms": T0 + 5000,
+            "processed_ms": processed_ms,
             "topic": self.topic,
             "partition": self.partition,
             "offset": offset,
@@ -146,6 +153,7 @@ def ledger_rows(
 def _ledger_row(
     spec: SessionSpec, seq: int, fault: str, sent: bool, offset: int | None, value: bytes
 ) -> dict[str, Any]:
+    msg = spec.messages[seq]
     return {
         "sensor": spec.sensor,
         "topic": spec.topic,
@@ -162,6 +170,8 @@ def _ledger_row(
         "value_sha256": hashlib.sha256(value).hexdigest(),
         # Acknowledged in offset order, after every send, as librdkafka reports one partition's copies.
         "acked_ts": T0 + 1_000_000 + offset * 100 if offset is not None else None,
+        "row_id": msg["row"]["id"] if msg["kind"] == "update" else None,
+        "op": msg.get("op"),
     }
 
 
@@ -171,9 +181,10 @@ def write_run(
     specs: list[SessionSpec],
     statuses: dict[str, str] | None = None,
 ) -> None:
-    """Write ``ledger/part-0.parquet`` and ``truth/sessions.parquet`` (the true final tables)."""
+    """Write ``ledger/part-0.parquet`` and the truth: ``sessions.parquet``, ``tables/`` and ``snapshots/``."""
     (run_dir / "ledger").mkdir(parents=True)
-    (run_dir / "truth").mkdir(parents=True)
+    for folder in ("tables", "snapshots"):
+        (run_dir / "truth" / folder).mkdir(parents=True)
     pq.write_table(pa.Table.from_pylist(ledger, schema=LEDGER_SCHEMA), run_dir / "ledger" / "part-0.parquet")
     truth = [
         {
@@ -190,6 +201,20 @@ def write_run(
         for s in specs
     ]
     pq.write_table(pa.Table.from_pylist(truth), run_dir / "truth" / "sessions.parquet")
+    for folder, rows in (
+        ("tables", [(s, r) for s in specs for r in s.table().values()]),
+        ("snapshots", [(s, r) for s in specs for r in s.messages[0]["rows"]]),
+    ):
+        table = [
+            {"sensor": s.sensor, "session": s.session, "id": r["id"], "values": canonical_row(r)}
+            for s, r in rows
+        ]
+        schema = pa.schema(
+            [("sensor", pa.string()), ("session", pa.string()), ("id", pa.int64()), ("values", pa.string())]
+        )
+        pq.write_table(
+            pa.Table.from_pylist(table, schema=schema), run_dir / "truth" / folder / "part-00000.parquet"
+        )
 
 
 @dataclass
@@ -202,9 +227,9 @@ class Output:
     dead_letters: list[dict[str, Any]] = field(default_factory=list)
     batches: dict[int, int] = field(default_factory=lambda: {0: T0 + 6000})
 
-    def apply(self, spec: SessionSpec, *seqs: int, batch: int = 0) -> Output:
+    def apply(self, spec: SessionSpec, *seqs: int, batch: int = 0, processed_ms: int = T0 + 5000) -> Output:
         for seq in seqs:
-            self.changes += spec.change_rows(seq, batch=batch)
+            self.changes += spec.change_rows(seq, batch=batch, processed_ms=processed_ms)
         return self
 
     def session(
@@ -215,6 +240,7 @@ class Output:
         closed_by: str = "end",
         degraded_from: int | None = None,
         batch: int = 0,
+        processed_ms: int = T0 + 5000,
     ) -> Output:
         table = spec.table(applied)
         self.sessions.append(
@@ -230,7 +256,7 @@ class Output:
                 "closed_by": closed_by,
                 "degraded_from_seq": degraded_from,
                 "batch_id": batch,
-                "processed_ms": T0 + 5000,
+                "processed_ms": processed_ms,
                 "event_ms": T0,
             }
         )

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import re
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ from loadtest.incidents import WorkerKill
 from loadtest.profile import load_profile
 from loadtest.runner import RunRequest, execute
 from pipeline import query
+from sotw.kafka import topic_pattern
 from tests.pipeline.test_pipeline import canon, pipeline_config, rows_of
 
 pytestmark = pytest.mark.cluster
@@ -43,7 +43,7 @@ def test_a_driver_killed_on_the_cluster_restarts_and_writes_what_an_uninterrupte
     where = tmp_path / "killed"
     argv = [
         sys.executable, "-m", "sotw", "pipeline", "--bootstrap", kafka.bootstrap,
-        "--pattern", re.escape(config.topic_prefix) + ".*", "--master", standalone.master_url,
+        "--pattern", topic_pattern(config.topic_prefix), "--master", standalone.master_url,
         "--output", str(where / "output"), "--checkpoint", str(where / "checkpoint"),
         "--max-offsets-per-trigger", "1500", "--trigger", "200ms", "-q",
     ]  # fmt: skip

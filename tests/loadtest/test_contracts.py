@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -23,13 +22,6 @@ CLEAN = [(s, "none") for s in range(7)]
 
 def write_truth(run: Path, ledger: list, specs: list[SessionSpec]) -> Path:
     write_run(run, ledger, specs)
-    rows = [
-        {"sensor": s.sensor, "session": s.session, "id": i, "values": json.dumps(r, sort_keys=True)}
-        for s in specs
-        for i, r in s.table().items()
-    ]
-    (run / "truth" / "tables").mkdir(parents=True)
-    pq.write_table(pa.Table.from_pylist(rows), run / "truth" / "tables" / "part-00000.parquet")
     return run
 
 
@@ -92,21 +84,95 @@ def test_missing_extra_and_repeated_rows_are_each_counted(tmp_path: Path) -> Non
     assert set(result.discrepancy_counts) == {"missing_row", "extra_row", "repeated_row"}
 
 
-def test_tombstones_are_not_rows_and_a_session_that_lost_a_message_upstream_is_not_judged(
+def test_tombstones_are_not_rows(tmp_path: Path) -> None:
+    spec = SessionSpec()
+    rows = table_rows(spec, deleted=False) + [
+        {"session": "s1", "sensor": "0001", "row_id": 3, "value": None, "unit": None, "deleted": True}
+    ]
+    result = judge(tmp_path, ledger_rows(spec, CLEAN), [spec], rows)
+    assert result.passed, result.reasons
+
+
+# Seq 3 (row 4 = 40) never reached the broker: a correct job holds what the rest builds, rows 1 = 50 and 2 = 20.
+GAPPED = ([(s, "none") for s in (0, 1, 2, 4, 5, 6)], {3: "gap"})
+
+
+def test_a_session_that_lost_a_message_is_judged_against_what_its_delivered_messages_build(
     tmp_path: Path,
 ) -> None:
     good, gapped = SessionSpec(), SessionSpec(session="s2", sensor="0002")
-    ledger = ledger_rows(good, CLEAN) + ledger_rows(
-        gapped, [(s, "none") for s in (0, 1, 2, 4, 5, 6)], {3: "gap"}
-    )
-    rows = table_rows(good, deleted=False) + [
-        {"session": "s1", "sensor": "0001", "row_id": 3, "value": None, "unit": None, "deleted": True},
-        {"session": "s2", "sensor": "0002", "row_id": 9, "value": 1, "unit": "C", "deleted": False},
-    ]
-    result = judge(tmp_path, ledger, [good, gapped], rows)
-
+    ledger = ledger_rows(good, CLEAN) + ledger_rows(gapped, *GAPPED)
+    built = table_rows(gapped, [0, 1, 2, 4, 5])
+    result = judge(tmp_path / "ok", ledger, [good, gapped], table_rows(good) + built)
     assert result.passed, result.reasons
-    assert (result.sessions_not_judged, result.sessions_exact_required) == (1, 1)
+    assert (result.sessions_exact_required, result.sessions_judged_from_delivered) == (2, 1)
+    assert result.sessions_not_judged == 0
+
+    extra = {"session": "s2", "sensor": "0002", "row_id": 4, "value": 40.0, "unit": "C"}  # from nowhere
+    result = judge(tmp_path / "bad", ledger, [good, gapped], table_rows(good) + built + [extra])
+    (found,) = result.discrepancies
+    assert (found.kind, found.session) == ("extra_row", "s2")
+    assert (
+        "row 4 should not exist" in found.detail
+        and "seq 3 never reached the broker intact (gap)" in found.detail
+    )
+
+
+def test_a_row_whose_later_update_was_lost_holds_the_value_of_the_last_one_delivered(tmp_path: Path) -> None:
+    # Seq 5 (row 1 = 50) lost: row 1 must hold seq 1's 10.0, which only the ledger's digest of seq 1 says.
+    spec = SessionSpec()
+    ledger = ledger_rows(spec, [(s, "none") for s in (0, 1, 2, 3, 4, 6)], {5: "gap"})
+    right = table_rows(spec, [0, 1, 2, 3, 4])
+    assert judge(tmp_path / "ok", ledger, [spec], right).passed
+
+    stale = [{**r, "value": 1.0} if r["row_id"] == 1 else r for r in right]  # the snapshot's value
+    result = judge(tmp_path / "bad", ledger, [spec], stale)
+    (wrong,) = result.discrepancies
+    assert wrong.kind == "wrong_row" and wrong.seq == 1
+    assert (
+        "row 1 is" in wrong.detail
+        and "not what seq 1 set it to; seq 5, which touched it later" in wrong.detail
+    )
+
+
+def test_a_row_only_the_snapshot_set_among_the_delivered_holds_the_snapshot_s_value(tmp_path: Path) -> None:
+    spec = SessionSpec()  # seqs 1 and 5 both set row 1; both lost
+    ledger = ledger_rows(spec, [(s, "none") for s in (0, 2, 3, 4, 6)], {1: "gap", 5: "gap"})
+    right = table_rows(spec, [0, 2, 3, 4])
+    assert judge(tmp_path / "ok", ledger, [spec], right).passed
+    wrong = [{**r, "value": 50.0} if r["row_id"] == 1 else r for r in right]
+    (found,) = judge(tmp_path / "bad", ledger, [spec], wrong).discrepancies
+    assert found.kind == "wrong_row" and '"value":1.0' in found.detail
+
+
+def test_a_session_with_a_message_of_unknown_delivery_is_not_judged(tmp_path: Path) -> None:
+    spec = SessionSpec()
+    ledger = ledger_rows(spec, [(s, "none") for s in (0, 1, 2, 4, 5, 6)])
+    unacked = ledger_rows(spec, [(3, "none")])[0] | {"offset": None, "delivered": False, "acked_ts": None}
+    unacked["error"] = "not acknowledged before exit"
+    result = judge(tmp_path, [*ledger, unacked], [spec], table_rows(spec, [0, 1, 2, 4, 5]))
+    assert result.passed and result.sessions_not_judged == 1
+
+
+def test_a_column_that_is_not_the_rows_is_named_once_with_the_way_out(tmp_path: Path) -> None:
+    spec = SessionSpec()
+    rows = table_rows(spec, written_ms=T0)
+    result = judge(tmp_path / "named", ledger_rows(spec, CLEAN), [spec], rows)
+    (found,) = result.discrepancies
+    assert found.kind == "unknown_column"
+    assert (
+        "'written_ms'" in found.detail
+        and "'_written_ms'" in found.detail
+        and "--ignore-column" in found.detail
+    )
+    assert result.sessions_exact == 1  # the rows themselves were judged without it
+
+    run = write_truth(tmp_path / "ignored" / "run", ledger_rows(spec, CLEAN), [spec])
+    out = tmp_path / "ignored" / "out"
+    out.mkdir()
+    pq.write_table(pa.Table.from_pylist(rows), out / "part-0.parquet")
+    ignored = verify_run(run, OutputSpec(out, "tables", ignored=("written_ms",)), Policy("ordered"))
+    assert ignored.passed, ignored.reasons
 
 
 def test_a_table_without_the_contract_columns_is_refused_naming_them(tmp_path: Path) -> None:

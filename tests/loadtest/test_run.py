@@ -95,3 +95,52 @@ def test_ctrl_c_stops_every_part_and_still_writes_a_partial_report(smoke, kafka:
         p for p in psutil.Process().children(recursive=True) if p.cmdline()[1:4] == ["-m", "sotw", "pipeline"]
     ]
     assert result.correctness is not None and result.correctness.rows_repeated == 0
+
+
+def test_every_fault_kind_passes_and_one_value_changed_in_a_faulted_session_fails_naming_its_row(
+    smoke, kafka: KafkaConfig, tmp_path
+):
+    import pyarrow.parquet as pq
+
+    from loadtest.expect import read_ledger
+    from loadtest.verify import verify_run
+    from simulator import FaultConfig
+
+    faults = FaultConfig(gap=0.005, duplicate=0.01, delayed=0.01, malformed=0.003, abandon=0.05, delay_ms=100)
+    faulty = dataclasses.replace(
+        smoke,
+        simulator=dataclasses.replace(smoke.simulator, faults=faults, session_interval_s=2.0),
+        run=dataclasses.replace(smoke.run, steady_s=8.0),
+    )
+    run_dir = tmp_path / "run"
+    result = execute(RunRequest(faulty, 1.0, run_dir, kafka))
+    assert result.verdict.verdict == "PASS", result.verdict.reasons
+    c = result.correctness
+    assert c is not None and c.rows_values_checked == c.rows_written > 0
+
+    # A session a fault reached, and one of its updates: the bug writes an extra column into that row.
+    ledger = read_ledger(run_dir)
+    faulted = set(ledger.loc[ledger["fault"].isin(["duplicate", "delayed"]), "session"])
+    changes = run_dir / "pipeline" / "output" / "changes"
+    for path in sorted(changes.rglob("*.parquet")):
+        table = pq.read_table(path, partitioning=None)
+        rows = table.to_pylist()
+        hit = next((r for r in rows if r["session"] in faulted and r["op"] == "upsert"), None)
+        if hit is not None:
+            hit["values"] = hit["values"][:-1] + ',"extra":1}'
+            pq.write_table(type(table).from_pylist(rows, schema=table.schema), path)
+            break
+    assert hit is not None
+    policy = faulty.pipeline.verifier_policy()
+    again = verify_run(run_dir, run_dir / "pipeline" / "output", policy, kafka)
+    assert not again.passed and again.rows_wrong == 1
+    (wrong,) = [d for d in again.discrepancies if d.kind == "wrong_value"]
+    assert (wrong.session, wrong.seq) == (
+        hit["session"],
+        hit["seq"],
+    ) and f"row {hit['row_id']} is" in wrong.detail
+    assert (
+        wrong.triage is not None
+        and wrong.triage.layer == "pipeline"
+        and "wrote it wrong" in wrong.triage.detail
+    )

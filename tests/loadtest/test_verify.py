@@ -9,6 +9,7 @@ import pytest
 
 from loadtest.expect import Policy, build_expectation, read_ledger, read_truth
 from loadtest.results import Correctness
+from loadtest.values import read_snapshots
 from loadtest.verify import end_to_end, read_output, verify
 from tests.loadtest.builders import T0, Output, SessionSpec, ledger_rows, write_run
 
@@ -25,7 +26,7 @@ def check(
 ) -> Correctness:
     run = tmp_path / "run"
     write_run(run, ledger, specs)
-    exp = build_expectation(policy, read_ledger(run), read_truth(run))
+    exp = build_expectation(policy, read_ledger(run), read_truth(run), read_snapshots(run))
     return verify(exp, read_output(out.write(tmp_path / "out")), pipeline_stopped=stopped)
 
 
@@ -484,3 +485,83 @@ def test_a_session_without_end_may_be_absent_when_the_timeout_has_not_passed(tmp
     ledger = ledger_rows(spec, [(s, "none") for s in range(6)], unsent={6: "abandoned"})
     out = Output().apply(spec, *range(6))
     assert check(tmp_path, Policy("ordered", timeouts_expire=False), ledger, [spec], out).passed
+
+
+# ------------------------------------------------------------------------------ values, in every session
+
+# A copy of seq 2 sent again after the session's end: every policy keeps the true table, so any wrong value
+# is the pipeline's, in a session a fault did reach.
+FAULTED = [*CLEAN, (2, "duplicate")]
+
+
+def faulted_output(spec: SessionSpec) -> Output:
+    return clean_output(spec).violation(spec, "late_after_close", got=2)
+
+
+@pytest.mark.parametrize("policy", ["strict", "ordered", "once", "window", "none"])
+def test_a_wrong_value_in_a_faulted_session_fails_naming_the_row_under_every_policy(
+    tmp_path: Path, policy: str
+) -> None:
+    spec = SessionSpec()
+    rules = Policy(policy, window_messages=2 if policy == "window" else None)
+    good = check(tmp_path / "good", rules, ledger_rows(spec, FAULTED), [spec], faulted_output(spec))
+    assert good.passed, good.discrepancies
+    assert good.rows_values_checked == 8  # 3 snapshot rows and 5 updates
+
+    out = faulted_output(spec)
+    (row,) = [r for r in out.changes if r["seq"] == 2]
+    row["values"] = '{"id":2,"unit":"C","value":21.0}'  # seq 2 set row 2 to 20.0
+    result = check(tmp_path / "bad", rules, ledger_rows(spec, FAULTED), [spec], out)
+    assert not result.passed and result.rows_wrong == 1
+    (wrong,) = [d for d in result.discrepancies if d.kind == "wrong_value"]
+    assert (wrong.session, wrong.seq) == ("s1", 2)
+    assert "row 2 is" in wrong.detail and "seq 2 was an upsert of row 2" in wrong.detail
+
+
+def test_a_change_row_on_the_wrong_row_or_with_the_wrong_op_is_wrong(tmp_path: Path) -> None:
+    spec = SessionSpec()
+    out = clean_output(spec)
+    upsert, delete = (next(r for r in out.changes if r["seq"] == seq) for seq in (3, 4))
+    upsert["row_id"], upsert["values"] = 5, '{"id":5,"unit":"C","value":40.0}'  # seq 3 inserted row 4
+    delete["op"], delete["values"] = "upsert", '{"id":3,"unit":"C","value":3.0}'  # seq 4 deleted row 3
+    result = check(tmp_path, Policy("ordered"), ledger_rows(spec, CLEAN), [spec], out)
+    wrong = sorted((d.seq, d.detail) for d in result.discrepancies if d.kind == "wrong_value")
+    assert [seq for seq, _ in wrong] == [3, 4]
+    assert "seq 3 was an upsert of row 4" in wrong[0][1] and "seq 4 deleted row 3" in wrong[1][1]
+
+
+def test_snapshot_rows_must_be_the_rows_the_snapshot_carried(tmp_path: Path) -> None:
+    spec = SessionSpec()
+    out = clean_output(spec)
+    first, second, third = (r for r in out.changes if r["seq"] == 0)
+    first["values"] = '{"id":1,"unit":"F","value":1.0}'
+    out.changes.remove(third)
+    result = check(tmp_path, Policy("ordered"), ledger_rows(spec, CLEAN), [spec], out)
+    found = {(d.kind, d.seq) for d in result.discrepancies if d.kind in ("wrong_value", "lost_row")}
+    assert found == {("wrong_value", 0), ("lost_row", 0)}
+    details = " ".join(d.detail for d in result.discrepancies)
+    assert "snapshot row 1 is" in details and "snapshot row 3 (seq 0) has no change row" in details
+
+
+def test_a_session_closed_by_its_timeout_must_have_been_quiet_for_the_timeout(tmp_path: Path) -> None:
+    spec = SessionSpec()
+    ledger = ledger_rows(spec, [(s, "none") for s in range(6)], unsent={6: "abandoned"})
+    for row in ledger:  # acknowledged long before the pipeline ran
+        row["acked_ts"] = T0 + 1000 if row["acked_ts"] is not None else None
+    rules = Policy("ordered", session_timeout_ms=6000, trigger_ms=1000)
+
+    def closed_after(ms: int) -> Correctness:
+        out = (
+            Output()
+            .apply(spec, *range(6), processed_ms=T0 + 5000)
+            .session(spec, "timed_out", closed_by="timeout", processed_ms=T0 + 5000 + ms)
+            .violation(spec, "timeout")
+        )
+        return check(tmp_path / str(ms), rules, ledger, [spec], out)
+
+    assert closed_after(6000).passed
+    assert closed_after(5000).passed  # within one trigger
+    early = closed_after(1000)
+    assert kinds(early) == {"early_timeout"}
+    (found,) = early.discrepancies
+    assert "1.0 s after its last message" in found.detail and "session timeout is 6 s" in found.detail

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import sys
 from dataclasses import replace
 
@@ -13,6 +12,7 @@ from pipeline import query
 from pipeline.delta import compact
 from pipeline.sinks import DATASETS, checkpoint_batches
 from simulator import FaultConfig
+from sotw.kafka import topic_pattern
 from tests.pipeline.test_pipeline import canon, kill_mid_run_then_drain, pipeline_config, rows_of
 
 
@@ -63,7 +63,7 @@ def test_a_killed_delta_pipeline_restarts_without_losing_or_repeating_output(
     spark, kafka, simulate, tmp_path
 ):
     summary, config = simulate(sensors=4, rows=40, duration_s=4.0, rate=3000.0, partitions=2, seed=21)
-    pattern = re.escape(config.topic_prefix) + ".*"
+    pattern = topic_pattern(config.topic_prefix)
     reference = pipeline_config(kafka, config.topic_prefix, tmp_path / "reference")
     query.run(spark, reference)
 

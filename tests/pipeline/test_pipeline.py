@@ -24,6 +24,7 @@ from pipeline.policies import PolicyConfig
 from pipeline.progress import input_messages
 from pipeline.sinks import committed_batches
 from simulator import FaultConfig
+from sotw.kafka import topic_pattern
 
 
 def pipeline_config(
@@ -33,7 +34,7 @@ def pipeline_config(
         kafka=kafka,
         output=where / "output",
         checkpoint=where / "checkpoint",
-        pattern=re.escape(prefix) + ".*",
+        pattern=topic_pattern(prefix),
         policy=PolicyConfig(policy, **policy_args),
         trigger_ms=None,  # availableNow: drain what is there, then stop
         discovery_interval_ms=0,
@@ -171,7 +172,7 @@ def test_reordered_messages_still_rebuild_the_true_table(spark, kafka, simulate,
 
 def test_a_killed_pipeline_restarts_without_losing_or_repeating_output(spark, kafka, simulate, tmp_path):
     summary, config = simulate(sensors=4, rows=40, duration_s=4.0, rate=3000.0, partitions=2, seed=21)
-    pattern = re.escape(config.topic_prefix) + ".*"
+    pattern = topic_pattern(config.topic_prefix)
     # Reference: one uninterrupted run.
     reference = pipeline_config(kafka, config.topic_prefix, tmp_path / "reference")
     query.run(spark, reference)

@@ -1,5 +1,6 @@
 from collections import defaultdict
 
+import orjson
 import pyarrow.parquet as pq
 
 from simulator import LEDGER_SCHEMA, FaultConfig
@@ -25,9 +26,33 @@ def test_ledger_agrees_with_what_an_independent_consumer_reads_back(kafka, simul
         assert rec["key"] == row["session"].encode()
         assert rec["sha"] == row["value_sha256"]
         if row["fault"] != "malformed":
-            assert wire.decode(rec["value"], key=rec["key"]).seq == row["seq"]
+            msg = wire.decode(rec["value"], key=rec["key"])
+            assert msg.seq == row["seq"]
+            # What each update did to its table: the row it touched and how.
+            if msg.kind == "update":
+                assert (row["row_id"], row["op"]) == (msg.row["id"], msg.op)  # type: ignore[index]
+            else:
+                assert (row["row_id"], row["op"]) == (None, None)
     ledger_places = {(r["topic"], r["partition"], r["offset"]) for r in delivered}
     assert set(on_topics) == ledger_places, "the topics hold messages the ledger does not know"
+
+
+def test_the_truth_keeps_what_each_snapshot_carried(kafka, simulate):
+    summary, config = simulate(duration_s=1.0, session_interval_s=0.3)
+    snapshots = pq.read_table(summary.run_dir / "truth" / "snapshots").to_pylist()
+    kept = defaultdict(dict)
+    for row in snapshots:
+        kept[row["session"]][row["id"]] = orjson.loads(row["values"])
+    sent = [
+        wire.decode(r["value"], key=r["key"])
+        for r in read_topics(kafka, list(summary.topics), config.partitions)
+    ]
+    seen = [m for m in sent if m.kind == "snapshot"]
+    assert seen and len(seen) == len(kept)
+    for msg in seen:
+        assert kept[msg.session] == {r["id"]: r for r in msg.rows or []}
+        # A row's keys are sent sorted: its text in the message is its canonical form.
+        assert all(list(r) == sorted(r) for r in msg.rows or [])
 
 
 def test_each_fault_is_on_record_the_way_the_issue_describes(kafka, simulate, producer_path):

@@ -21,6 +21,8 @@ def _block(ledger: Ledger, session: int, seqs: list[int], sent_s: float) -> int:
         np.array(seqs) + 1_790_000_000_000,
         np.full(n, sent_s),
         Values.of([b'{"seq":%d}' % s for s in seqs]),
+        np.array(seqs) % 7,
+        np.zeros(n, bool),
     )
 
 

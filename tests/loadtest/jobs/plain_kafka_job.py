@@ -1,0 +1,134 @@
+"""A team's job with no Spark and no sotw: a plain confluent-kafka consumer keeping each session's rows.
+
+It subscribes to the topics matching ``--topics`` in a consumer group, applies each message to an in-memory
+table, and every ``--flush-ms`` writes the whole table as one Parquet file (the tables contract) and then
+commits its offsets, so the harness reads its lag from the group (``--lag-from group:ID``). ``--mode``:
+
+- ``last-write-wins``: every message applied as it arrives (the job many teams write first): a delayed
+  message or a copy sent again puts an old value back;
+- ``highest-seq``: each row keeps the value of the highest seq that touched it; a snapshot sets rows at its
+  own seq and a delete leaves a tombstone with its seq, so an older message never wins.
+
+Nothing here imports sotw: it is what the harness is given, not part of it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from confluent_kafka import Consumer, KafkaError, KafkaException
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--bootstrap", required=True)
+    p.add_argument("--topics", required=True, help="a topic regex (librdkafka: starts with ^)")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--group", required=True)
+    p.add_argument("--mode", choices=("last-write-wins", "highest-seq"), default="last-write-wins")
+    p.add_argument("--flush-ms", type=int, default=1000)
+    args = p.parse_args()
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
+    consumer = Consumer(
+        {
+            "bootstrap.servers": args.bootstrap,
+            "group.id": args.group,
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            "topic.metadata.refresh.interval.ms": 1000,
+        }
+    )
+    consumer.subscribe([args.topics])
+    table: dict[tuple[str, int], dict[str, Any]] = {}
+    apply = last_write_wins if args.mode == "last-write-wins" else highest_seq
+    args.out.mkdir(parents=True, exist_ok=True)
+    next_flush = time.monotonic() + args.flush_ms / 1000
+    try:
+        while not stop:
+            for msg in consumer.consume(500, timeout=0.2):
+                if msg.error() is None:
+                    apply(table, msg.value())
+                elif msg.error().code() != KafkaError._PARTITION_EOF:
+                    print("kafka error:", msg.error(), flush=True)
+            if time.monotonic() >= next_flush:
+                flush(table, args.out)
+                commit(consumer)
+                next_flush = time.monotonic() + args.flush_ms / 1000
+    finally:
+        flush(table, args.out)
+        commit(consumer)
+        consumer.close()
+
+
+def commit(consumer: Consumer) -> None:
+    """Commit what was consumed (written to the table first); nothing consumed yet is not an error."""
+    try:
+        consumer.commit(asynchronous=False)
+    except KafkaException as exc:
+        if exc.args[0].code() != KafkaError._NO_OFFSET:
+            raise
+
+
+def decode(value: bytes | None) -> dict[str, Any] | None:
+    try:
+        msg = json.loads(value or b"")
+    except ValueError:
+        return None  # not JSON: skipped
+    if not isinstance(msg, dict) or not {"kind", "session", "sensor"} <= msg.keys():
+        return None
+    return msg if isinstance(msg.get("seq"), int) else None
+
+
+def last_write_wins(table: dict[tuple[str, int], dict[str, Any]], value: bytes | None) -> None:
+    msg = decode(value)
+    if msg is None:
+        return
+    session, sensor = msg["session"], msg["sensor"]
+    if msg["kind"] == "snapshot":
+        for row in msg["rows"]:
+            table[(session, row["id"])] = {"sensor": sensor, "row": row, "seq": 0, "deleted": False}
+    elif msg["kind"] == "update":
+        row = msg["row"]
+        deleted = msg["op"] == "delete"
+        table[(session, row["id"])] = {"sensor": sensor, "row": row, "seq": msg["seq"], "deleted": deleted}
+
+
+def highest_seq(table: dict[tuple[str, int], dict[str, Any]], value: bytes | None) -> None:
+    msg = decode(value)
+    if msg is None or msg["kind"] == "end":
+        return
+    session, sensor, seq = msg["session"], msg["sensor"], msg["seq"]
+    rows = msg["rows"] if msg["kind"] == "snapshot" else [msg["row"]]
+    deleted = msg.get("op") == "delete"
+    for row in rows:
+        held = table.get((session, row["id"]))
+        if held is None or held["seq"] < seq:
+            table[(session, row["id"])] = {"sensor": sensor, "row": row, "seq": seq, "deleted": deleted}
+
+
+def flush(table: dict[tuple[str, int], dict[str, Any]], out: Path) -> None:
+    """The whole table as one Parquet file, replaced atomically: the row's columns, its session and seq."""
+    records = [
+        {"session": session, "sensor": held["sensor"], "row_id": row_id, "seq": held["seq"], **held["row"]}
+        for (session, row_id), held in table.items()
+        if not held["deleted"]
+    ]
+    if not records:
+        return
+    frame = pa.Table.from_pylist(records)
+    tmp = out / ".table.parquet.tmp"
+    pq.write_table(frame, tmp)
+    os.replace(tmp, out / "table.parquet")
+
+
+if __name__ == "__main__":
+    main()
