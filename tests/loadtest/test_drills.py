@@ -231,8 +231,14 @@ def test_every_shipped_drill_reads_and_names_its_expectations():
         ),
         ("[drill]\nprofile='smoke'\n[expect]\nhappy=true\n", "unknown expectation 'happy'"),
         ("[drill]\n[expect]\nrows_lost=0\n", "needs a profile"),
-        ("[drill]\nprofile='smoke'\nbroker='postgres'\n", "broker must be one of kafka, tansu, tansu-durable, got 'postgres'"),
-        ("[drill]\nprofile='smoke'\nbroker='durable'\n", "Apache Kafka .* keeps its data on disk; the old durable one is 'tansu-durable'"),
+        (
+            "[drill]\nprofile='smoke'\nbroker='postgres'\n",
+            "broker must be one of kafka, tansu, tansu-durable, got 'postgres'",
+        ),
+        (
+            "[drill]\nprofile='smoke'\nbroker='durable'\n",
+            "Apache Kafka .* keeps its data on disk; the old durable one is 'tansu-durable'",
+        ),
         ("[drill]\nprofile='smoke'\n[[incidents]]\nkind='load'\nat_s=1\n", "exactly one of factor"),
     ],
 )
