@@ -6,7 +6,7 @@ A drill file is TOML::
     description = "kill -9 of the pipeline at 10x: nothing lost or repeated, recovered within 45 s"
     profile = "baseline"              # a profile of the scenario file (or `scenario = "path.toml"` too)
     load = "10x"
-    broker = "kafka"                  # the local broker: kafka (default), tansu or tansu-durable
+    broker = "kafka"                  # the local broker: kafka (one node, default) or kafka-3
     simulator = { faults = {} }       # changes to the profile's fleet and faults (optional)
     pipeline = { trigger = "1s" }     # changes to its pipeline settings (optional)
     run = { steady_s = 90 }           # changes to its phases (optional)

@@ -188,7 +188,7 @@ class ProcessSide:
     def control(self, command: Mapping[str, Any]) -> None:
         """Pass a simulator control on, or set or clear the load an incident asked for (``load``).
 
-        The controls passed on are ``faults``, ``clear_faults``, ``add_sensors`` and ``renew_producer``.
+        The controls passed on are ``faults``, ``clear_faults``, ``add_sensors`` and ``recreate_topics``.
         """
         if command.get("op") == "load":
             total = command.get("factor")

@@ -4,7 +4,7 @@ Each Locust process that has users (the only one, or each worker) starts one fee
 The feeder runs ``simulator.producer.Simulator`` exactly as ``sotw simulate`` does (same sessions, faults and
 ledger) in a process of its own, outside Locust's gevent, and takes the simulator's live controls as JSON
 lines on its standard input (``{"op": "load", "factor": 2.0}``, ``faults``, ``clear_faults``, ``add_sensors``,
-``renew_producer``, ``stop``). Once a second it writes one ``stats`` event on its standard output: the
+``recreate_topics``, ``stop``). Once a second it writes one ``stats`` event on its standard output: the
 simulator's counters, and the publish acknowledgements since the last event as a histogram of milliseconds
 (from the ledger files the simulator closes as it goes), which the Locust side turns into a few request
 events. A closed standard input (the Locust process is gone) stops it cleanly.
@@ -153,8 +153,8 @@ class Feeder:
                 sim.clear_faults(command.get("sensor"))
             elif op == "add_sensors":
                 sim.add_sensors(int(command["count"]))
-            elif op == "renew_producer":
-                sim.renew_producer()
+            elif op == "recreate_topics":
+                sim.recreate_topics()
             elif op == "stop":
                 self.stop.set()
             else:

@@ -96,7 +96,7 @@ class LiveConfig:
     bootstrap, kafka_settings
         A running cluster; None starts a local broker.
     broker
-        The local broker: ``kafka`` (Apache Kafka), ``tansu`` or ``tansu-durable`` (``sotw.broker.BROKERS``).
+        The local broker: ``kafka`` (one Apache Kafka node) or ``kafka-3`` (``sotw.broker.BROKERS``).
     pipeline
         Start the pipeline (otherwise one runs already, writing to ``output`` with ``checkpoint``).
     output, checkpoint

@@ -70,8 +70,8 @@ class Stage(Protocol):
     def add_sensors(self, count: int) -> None:
         """Have ``count`` new sensors join now."""
 
-    def renew_producer(self) -> None:
-        """Give the simulator a new producer, as clients reconnect after a broker lost its state."""
+    def recreate_topics(self) -> None:
+        """Have the simulator create its topics again, as clients do after a broker lost its data."""
 
     def kill_pipeline(self) -> None:
         """Send SIGKILL to the pipeline's whole process tree at once, as a crash would."""
@@ -235,7 +235,7 @@ class BrokerPause(Incident):
 
 @dataclass(frozen=True)
 class BrokerRestart(Incident):
-    """The broker stops and starts again keeping its data (Apache Kafka keeps it on disk; Tansu must be durable).
+    """The broker stops and starts again keeping its data (Kafka keeps it on disk).
 
     ``begin`` returns once the broker answers again, so the incident's window is the outage itself.
     """
@@ -270,11 +270,9 @@ class BrokerDataLoss(Incident):
     def begin(self, stage: Stage) -> str:
         """Kill the broker and start it again without its data (returns once it answers)."""
         _broker(stage, self.kind).restart(self.downtime_s, lose_data=True)
-        # The simulator's idempotent producer is unknown to the new broker and would never deliver again.
-        stage.renew_producer()
-        return (
-            f"broker killed, down {self.downtime_s:g} s, answering again without its data; producer renewed"
-        )
+        # The broker came back without topics and creates none itself: the simulator makes its own again.
+        stage.recreate_topics()
+        return f"broker killed, down {self.downtime_s:g} s, answering again without its data; topics created again"
 
 
 @dataclass(frozen=True)

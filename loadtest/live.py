@@ -112,9 +112,9 @@ class FleetRelay:
         """Have ``count`` sensors join, shared among the simulators."""
         self._events.send("fleet", op="add_sensors", count=count)
 
-    def renew_producer(self) -> None:
-        """Give every simulator a new producer."""
-        self._events.send("fleet", op="renew_producer")
+    def recreate_topics(self) -> None:
+        """Have every simulator create its sensors' topics again."""
+        self._events.send("fleet", op="recreate_topics")
 
     def sample(self) -> dict[str, Any]:
         """The fleet's counters as sampler columns (those ``sotw run`` records for its simulator)."""

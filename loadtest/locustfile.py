@@ -158,7 +158,7 @@ def add_options(parser: Any) -> None:
         "--broker",
         choices=BROKERS,
         default="kafka",
-        help="sotw: the local broker (Apache Kafka, or the embedded Tansu)",
+        help="sotw: the local broker (one Kafka node, or kafka-3)",
     )
     option(
         "--run-dir",

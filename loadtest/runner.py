@@ -60,8 +60,8 @@ class RunRequest:
     incidents
         Game-day incidents during the steady phase, besides the profile's own.
     broker
-        The local broker to start when ``kafka`` is None: ``kafka`` (Apache Kafka, the default), ``tansu`` or
-        ``tansu-durable`` (``sotw.broker.BROKERS``).
+        The local broker to start when ``kafka`` is None: ``kafka`` (one Apache Kafka node, the default) or
+        ``kafka-3`` (three nodes; ``sotw.broker.BROKERS``).
     broker_commands
         How to stop, start, freeze and thaw the broker of a cluster given with ``kafka``, for incidents.
     job

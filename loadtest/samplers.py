@@ -181,9 +181,7 @@ class AppendTimes:
 class KafkaLagProbe:
     """Offsets behind the latest (total, max per partition) and the age of the oldest unprocessed message.
 
-    The end of a partition the pipeline is behind on is its reported high watermark (on Tansu up to one
-    record batch short); where the pipeline looks caught up, the true end is read (``sotw.kafka.EndOffsets``).
-    The age is dated from the end offsets this probe reads anyway (``AppendTimes``), so no record is fetched.
+    The end of a partition is its high watermark (``sotw.kafka.EndOffsets``). The age is dated from the end offsets this probe reads anyway (``AppendTimes``), so no record is fetched.
     A partition that appears between two topic listings is dated from the earlier listing, when it did not
     exist yet.
 
@@ -248,13 +246,7 @@ class KafkaLagProbe:
         """Lag totals now."""
         parts = self._topic_partitions()
         position = self._source.position(parts)
-        ends = self._ends.watermarks(parts)
-        # On Tansu the reported high watermark can be one record batch short of the true end, and finding the
-        # true end reads that batch: worth it only where the pipeline looks caught up, where the exact end
-        # decides whether any lag is left (the drain waits for zero).
-        caught_up = [tp for tp, (low, high) in ends.items() if max(position.get(tp, low), low) >= high]
-        if caught_up:
-            ends.update(self._ends(caught_up))
+        ends = self._ends(parts)
         now = time.time()
         behind: dict[tuple[str, int], int] = {}
         oldest = now
@@ -443,7 +435,7 @@ class ResourceProbe:
     pids
         ``component -> callable returning the root pid, or several`` (None while the component is not
         running); a component's children (the pipeline's JVM and Python workers) are counted with it, and
-        a component of several roots (a durable broker and its S3 server) is their sum.
+        a component of several roots (the nodes of a Kafka cluster) is their sum.
     alone
         Components measured without their children (the harness, whose children are the other components).
     refresh_s
@@ -500,8 +492,8 @@ class ThreadCpuProbe:
     producer's librdkafka threads (``rdk:*``) start after it, so the Python and librdkafka threads first seen
     once the simulator thread runs are counted as the simulator's, except the sampler's own. librdkafka
     threads that were there before belong to the probes' Kafka clients and count as the sampler's, and so
-    does the CPU of threads that lived and ended between two samples (the short-lived consumers
-    ``EndOffsets`` reads a partition's end with; sample this probe last, after they are closed). A thread
+    does the CPU of threads that lived and ended between two samples (short-lived Kafka clients, such as a
+    checkpoint's or a group's position read; sample this probe last, after they are closed). A thread
     that ends keeps its group for the CPU it had at its last sample; what it spent after that is counted
     with the short-lived ones.
 

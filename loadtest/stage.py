@@ -113,8 +113,8 @@ class SimulatorControls(Protocol):
     def add_sensors(self, count: int) -> None:
         """Have ``count`` sensors join."""
 
-    def renew_producer(self) -> None:
-        """Replace the producer."""
+    def recreate_topics(self) -> None:
+        """Create the sensors' topics again."""
 
 
 class RunStage:
@@ -183,9 +183,9 @@ class RunStage:
         """Have ``count`` sensors join now."""
         self.simulator.add_sensors(count)
 
-    def renew_producer(self) -> None:
-        """Give the simulator a new producer (after the broker lost the producer ids it knew)."""
-        self.simulator.renew_producer()
+    def recreate_topics(self) -> None:
+        """Have the simulator create its topics again (after the broker lost its data)."""
+        self.simulator.recreate_topics()
 
     def kill_pipeline(self) -> None:
         """SIGKILL the pipeline's whole process tree."""

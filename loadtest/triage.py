@@ -3,9 +3,7 @@
 The order is the on-call engineer's: did the producer send it (the ledger's ``sent_ts`` and delivery
 report)? Is it in Kafka (read back with an independent assign-only consumer at the partition and offset
 the delivery report gave, comparing the value's SHA-256 with the ledger's)? If both hold, the pipeline lost
-it. Reading at an offset goes through one helper that copes with Tansu's high watermark (see
-``sotw.kafka``): an offset at or past the reported watermark is read from ``high - 1``, whose fetch returns
-the whole last batch.
+it.
 """
 
 from __future__ import annotations
@@ -91,10 +89,10 @@ class KafkaReader:
         except KafkaException as exc:
             log.warning("cannot read watermarks of %s[%d]: %s", topic, partition, exc)
             return
-        if high <= low:
-            return
-        # Tansu's watermark is the last batch's base + 1: start at high - 1 to receive that whole batch.
-        self._consumer.assign([TopicPartition(topic, partition, min(max(offset, low), high - 1))])
+        start = max(offset, low)
+        if start >= high:
+            return  # past the end (or deleted by retention): nothing to read
+        self._consumer.assign([TopicPartition(topic, partition, start)])
         deadline = time.monotonic() + self._timeout
         try:
             while time.monotonic() < deadline:

@@ -11,8 +11,8 @@ query runs on either (``--source spark-kafka`` swaps in ``format("kafka")``):
 * the same rows (``key``, ``value``, ``topic``, ``partition``, ``offset``, ``timestamp``, ``timestampType``);
 * the same offsets in the checkpoint (``{"topic": {"0": 23}}``, next offset to read).
 
-Where it differs, it is on purpose: end offsets come from ``sotw.kafka.EndOffsets`` (the embedded Tansu
-broker's high watermark hides the tail of a partition); many topic-partitions are packed into a few tasks;
+Where it differs, it is on purpose: end offsets of all partitions come from one ``sotw.kafka.EndOffsets``
+look (two requests, not two per partition); many topic-partitions are packed into a few tasks;
 rows reach Spark as Arrow record batches; and a vanished topic only counts as data loss when the query had
 not read all of it. docs/pipeline.md ("Kafka source") is the user-facing description.
 
@@ -348,12 +348,8 @@ class OffsetReader:
     """Lists matching partitions and reads their offsets, for the driver-side planning of the source.
 
     One admin client (``EndOffsets.admin``) lists topics and reads watermarks for the whole query, two
-    requests per look whatever the partition count; ``EndOffsets`` keeps what it learned of each partition's
-    true end between looks. Listing on the same client matters: its metadata cache is where ``ListOffsets``
-    looks up a partition's leader, so partitions a listing found can be read at once.
-    Nothing here fetches records with a long-lived consumer: librdkafka 2.16 crashes the process when a topic
-    that a consumer once fetched from is deleted on Tansu, and deleted topics are a case this source must
-    survive.
+    requests per look whatever the partition count. Listing on the same client matters: its metadata cache is
+    where ``ListOffsets`` looks up a partition's leader, so partitions a listing found can be read at once.
 
     Parameters
     ----------
@@ -410,13 +406,13 @@ class OffsetReader:
     def lows(self, partitions: Sequence[TP]) -> dict[TP, int]:
         """Earliest available offsets of ``partitions``; partitions that cannot be read are left out."""
         try:
-            return {tp: low for tp, (low, _) in self._ends.watermarks(partitions).items()}
+            return {tp: low for tp, (low, _) in self._ends(partitions).items()}
         except BrokerError:
             pass
         out: dict[TP, int] = {}
         for tp in partitions:  # one of them is unreadable: ask one by one to keep the others
             try:
-                out[tp] = self._ends.watermarks([tp])[tp][0]
+                out[tp] = self._ends([tp])[tp][0]
             except BrokerError:
                 continue
         return out
@@ -975,7 +971,7 @@ def _read_round(
                 continue
             off = msg.offset()
             if off < state[0]:
-                continue  # Tansu (and Kafka) return whole batches: skip what precedes our start
+                continue  # Kafka returns whole batches: skip what precedes our start
             if off >= state[1]:
                 finish(tp)
                 continue

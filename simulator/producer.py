@@ -189,7 +189,7 @@ class Simulator:
 
     Notes
     -----
-    ``set_faults``, ``clear_faults``, ``set_load_factor``, ``add_sensors``, ``renew_producer`` and ``stats``
+    ``set_faults``, ``clear_faults``, ``set_load_factor``, ``add_sensors``, ``recreate_topics`` and ``stats``
     may be called from other threads while ``run`` is running; changes take effect at the next block (at most
     about 0.1 s of schedule).
     """
@@ -207,7 +207,7 @@ class Simulator:
         self._lock = threading.Lock()  # guards what other threads change or read: controls and parts
         self._fault_changes: list[_FaultChange] = []
         self._joins_asked = 0
-        self._renew_asked = False
+        self._recreate_asked = False
         self._load_factor = config.load_factor
         self._faults = FaultTable(config.faults, config.sensor_faults)
         self._started = False
@@ -255,17 +255,16 @@ class Simulator:
         with self._lock:
             self._joins_asked += count
 
-    def renew_producer(self) -> None:
-        """Restart the producing side at the next block, as a client restarts after a broker lost its state.
+    def recreate_topics(self) -> None:
+        """Create the active sensors' topics again at the next block, as a client does after a broker lost its data.
 
-        The active sensors' topics are created again (a broker that lost its data has none, and Kafka creates
-        no topic on its own: ``auto.create.topics.enable=false``) and the producer is replaced. On Kafka the old
-        idempotent producer would go on once its topics exist again; on Tansu it never takes another message
-        (every one times out), because the broker no longer knows its producer id. What the old producer still
-        holds is purged (its ledger rows say so); the new one starts from the next message.
+        The broker came back without them, and Kafka creates no topic on its own (``auto.create.topics.enable``
+        is off on the local broker): until they exist, every message waits in the producer, and times out after
+        ``message.timeout.ms``. The producer itself goes on: Kafka gives the idempotent producer a new id once
+        it finds the old one unknown, so what it held is delivered to the new, empty topics.
         """
         with self._lock:
-            self._renew_asked = True
+            self._recreate_asked = True
 
     def set_load_factor(self, factor: float) -> None:
         """Change the load factor (multiplier of ``config.rate``) while running."""
@@ -315,16 +314,13 @@ class Simulator:
             changes, self._fault_changes = self._fault_changes, []
             factor = self._load_factor
             joins, self._joins_asked = self._joins_asked, 0
-            renew, self._renew_asked = self._renew_asked, False
+            recreate, self._recreate_asked = self._recreate_asked, False
         for change in changes:
             change.apply(self._faults)
         if changes and self._planner is not None:
             self._planner.faults_changed()
-        if renew and self._sender is not None:
-            if self._fleet is not None:
-                cfg = self.config
-                ensure_topics(self.kafka, {s.topic: cfg.partitions for s in self._fleet.active})
-            self._sender.renew(self._open_producer()[0])
+        if recreate and self._fleet is not None:
+            ensure_topics(self.kafka, {s.topic: self.config.partitions for s in self._fleet.active})
         return factor, joins
 
     def _open_producer(self) -> tuple[MessageProducer, str]:
@@ -367,10 +363,8 @@ class Simulator:
         try:
             return self._run(producer, path, ledger_dir, stop)
         finally:
-            # Its threads and connections end with the run, however it ends; so do a renewed one's.
+            # Its threads and connections end with the run, however it ends.
             producer.close()
-            if self._sender is not None:
-                self._sender.producer.close()
 
     def _run(
         self, producer: MessageProducer, path: str, ledger_dir: Path, stop: threading.Event | None

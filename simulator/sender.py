@@ -324,21 +324,6 @@ class Sender:
 
     # ---- the end --------------------------------------------------------------------------------------
 
-    def renew(self, producer: MessageProducer) -> None:
-        """Send from now on through ``producer``; the old one's outstanding messages are purged and closed.
-
-        Call it between blocks: a staged run holds the old producer's topic handles.
-        """
-        old = self.producer
-        with contextlib.suppress(Exception):
-            old.purge()
-        self._flush_for(2.0)
-        old.close()
-        self.producer = producer
-        log.warning(
-            "producer renewed: %d messages of the old one were never acknowledged", self.ledger.outstanding()
-        )
-
     def flush(self) -> int:
         """Wait for outstanding reports, purge what is left so its reports say so; return how many never came."""
         remaining = self._flush_for(self.flush_timeout_s)

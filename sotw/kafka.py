@@ -1,15 +1,9 @@
-"""Kafka client settings and the one place that knows how to read a partition's end offset.
+"""Kafka client settings and the one place that reads partitions' offsets.
 
-``KafkaConfig`` carries the bootstrap address and librdkafka settings from the CLI inward; every client in
-sotw
+``KafkaConfig`` carries the bootstrap address and librdkafka settings from the CLI inward; every client in sotw
 builds its configuration from it, so SASL, TLS and tuning flags given once reach every producer and consumer.
-
-``EndOffsets`` holds the embedded broker's workaround. Tansu reports a partition's high watermark as the base
-offset of its *last record batch* + 1, not last offset + 1, so a plain watermark would hide all but the first
-record of the newest batch. Reading the record at ``high - 1`` is correct on both brokers: on Kafka it is the
-last
-record; on Tansu it is the first record of the last batch, and the fetch returns that batch whole, so its last
-record's offset + 1 is the true end.
+``EndOffsets`` reads the watermarks of many partitions in two requests, waiting out the moments when a
+partition has no leader.
 """
 
 from __future__ import annotations
@@ -122,29 +116,20 @@ def transient(err: Any) -> bool:
 
 
 class EndOffsets:
-    """Reads ``(low, end)`` per partition, where ``end`` is last offset + 1 on Kafka and on Tansu.
+    """Reads ``(low, end)`` per partition: the earliest offset still kept, and last offset + 1.
 
     The watermarks of all partitions come from two ``ListOffsets`` requests per broker through an admin
-    client (earliest and latest), not two round trips per partition: on the embedded broker, 72 partitions
-    took 62-67 ms one by one and 4 ms together. Like a consumer's watermark query, they are read at the
-    ``isolation.level`` of the settings, ``read_committed`` unless they say otherwise, so the end of a
-    partition is one a consumer with those settings can reach. See the
-    module docstring for why the record at ``high - 1`` is then read. A probe's answer is remembered per
-    partition and reused while the reported watermarks do not move, so a steady poll costs two requests and
-    one small fetch only for partitions that grew, and, every ``recheck_s``, one from the remembered end of
-    those that did not: Tansu on S3 (the durable embedded broker) can stop moving a partition's watermark
-    while records keep arriving, which would hide them for good. Probes use a consumer made for the
-    occasion and closed after: librdkafka 2.16 crashes the process when a topic that a long-lived consumer
-    once fetched from is deleted on Tansu.
+    client (earliest and latest), not two round trips per partition (72 partitions took 62-67 ms one by one
+    and 4 ms together). Like a consumer's watermark query, they are read at the ``isolation.level`` of the
+    settings, ``read_committed`` unless they say otherwise, so the end of a partition is one a consumer with
+    those settings can reach (for the simulator's idempotent, non-transactional records, the high watermark).
 
     Parameters
     ----------
     kafka
         Where the brokers are.
     timeout
-        Seconds to wait for the broker on each call; retriable errors (a leader moving) are retried within it.
-    recheck_s
-        How long a remembered end is trusted while the watermarks stand still.
+        Seconds to wait for the broker on each call; transient errors (a leader moving) are retried within it.
 
     Attributes
     ----------
@@ -154,43 +139,23 @@ class EndOffsets:
         offsets be read.
     """
 
-    def __init__(self, kafka: KafkaConfig, timeout: float = 10.0, recheck_s: float = 1.0) -> None:
+    def __init__(self, kafka: KafkaConfig, timeout: float = 10.0) -> None:
         from confluent_kafka import IsolationLevel
         from confluent_kafka.admin import AdminClient
 
-        self._kafka = kafka
         self.admin = AdminClient(kafka.client())
         self._timeout = timeout
         uncommitted = str(kafka.settings.get("isolation.level", "")).strip() == "read_uncommitted"
         self._isolation = IsolationLevel.READ_UNCOMMITTED if uncommitted else IsolationLevel.READ_COMMITTED
-        self._recheck_s = recheck_s
-        # (topic, partition) -> (low, high, end, when): the true end found for those reported watermarks.
-        self._known: dict[tuple[str, int], tuple[int, int, int, float]] = {}
 
     def __call__(self, partitions: Iterable[tuple[str, int]]) -> dict[tuple[str, int], tuple[int, int]]:
-        """Return ``{(topic, partition): (low, end)}`` for the given partitions."""
-        watermarks = self.watermarks(partitions)
-        result: dict[tuple[str, int], tuple[int, int]] = {}
-        probe: dict[tuple[str, int], int] = {}  # where to read from: a record at or before the true end
-        now = time.monotonic()
-        for tp, (low, high) in watermarks.items():
-            known = self._known.get(tp)
-            if known is not None and known[:2] == (low, high):
-                result[tp] = (low, known[2])
-                if now - known[3] >= self._recheck_s and known[2] > low:
-                    probe[tp] = known[2]  # the durable Tansu's watermark can stop moving: look past the end
-            else:
-                result[tp] = (low, high)
-                if high > low:
-                    probe[tp] = high
-        # Forget partitions no longer asked about (a topic deleted and made again starts afresh).
-        self._known = {tp: v for tp, v in self._known.items() if tp in result}
-        if probe:
-            self._probe(probe, watermarks, result)
-        return result
+        """Return ``{(topic, partition): (low, end)}`` for the given partitions.
 
-    def watermarks(self, partitions: Iterable[tuple[str, int]]) -> dict[tuple[str, int], tuple[int, int]]:
-        """The broker's ``(low, high)`` watermarks as reported (on Tansu ``high`` may hide a batch's tail)."""
+        Raises
+        ------
+        BrokerError
+            If the broker does not answer for a partition within the timeout, or refuses for good.
+        """
         from confluent_kafka.admin import OffsetSpec
 
         tps = [TopicPartition(t, p) for t, p in partitions]
@@ -226,42 +191,6 @@ class EndOffsets:
                 time.sleep(0.2)  # a leader moving, a broker restarting: ask again within the timeout
             except (RuntimeError, TimeoutError) as exc:
                 raise BrokerError(f"could not read offsets from the broker: {exc}") from None
-
-    def _probe(
-        self,
-        probe: dict[tuple[str, int], int],
-        watermarks: dict[tuple[str, int], tuple[int, int]],
-        result: dict[tuple[str, int], tuple[int, int]],
-    ) -> None:
-        consumer = self._kafka.consumer()
-        consumer.assign([TopicPartition(t, p, after - 1) for (t, p), after in probe.items()])
-        deadline = time.monotonic() + self._timeout
-        pending = set(probe)
-        try:
-            # Keep reading until every probed partition answered and the fetched batches are drained.
-            idle = 0
-            while time.monotonic() < deadline and (pending or idle < 1):
-                # Short waits: ``consume`` returns only when it has ``num_messages`` or the timeout passed,
-                # and the number of records in the probed batches is unknown.
-                msgs = consumer.consume(num_messages=10_000, timeout=0.02)
-                idle = 0 if msgs else idle + 1
-                for msg in msgs:
-                    if msg.error():
-                        continue
-                    tp = (msg.topic(), msg.partition())
-                    if tp in result:
-                        low, end = result[tp]
-                        result[tp] = (low, max(end, msg.offset() + 1))
-                        pending.discard(tp)
-        finally:
-            consumer.close()
-        for tp in probe:
-            # Only answers are remembered: a partition that returned nothing (records deleted under us, or the
-            # broker slow) keeps its reported watermark this time and is probed again next time.
-            if tp not in pending:
-                self._known[tp] = (*watermarks[tp], result[tp][1], time.monotonic())
-            else:
-                self._known.pop(tp, None)  # start again from the broker's watermarks, not a probe that waits
 
 
 def ensure_topics(config: KafkaConfig, topics: Mapping[str, int], timeout: float = 10.0) -> None:

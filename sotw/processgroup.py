@@ -1,7 +1,6 @@
 """Child processes that never outlive the process that started them.
 
-Local brokers run as child processes: Kafka's JVMs, or Tansu (and, when durable, a local S3 server). If the harness
-dies without running its clean-up (SIGKILL, an out-of-memory kill, a crash in native code), those children
+The local broker runs Kafka's JVMs as child processes. If the harness dies without running its clean-up (SIGKILL, an out-of-memory kill, a crash in native code), those children
 would keep their ports and memory forever. A parent-death signal (``PR_SET_PDEATHSIG``) is not enough: it
 fires when the *thread* that started the child exits, so a broker restarted from a drill's thread would die
 with that thread.

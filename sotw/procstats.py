@@ -31,11 +31,11 @@ def kind_of(cmdline: Sequence[str]) -> str:
     """What a process of the system is, from its command line: one of ``KINDS``.
 
     A broker is a JVM running Kafka's main class ``kafka.Kafka`` (found anywhere in the line: the JVM's options
-    come first) or Tansu; Spark's JVM is ``java``; Spark's Python processes are its streaming source planner
+    come first); Spark's JVM is ``java``; Spark's Python processes are its streaming source planner
     and its workers (``pyspark.daemon``); anything else is a driver (``sotw pipeline``, a benchmark).
     """
     text = " ".join(cmdline[:6])
-    if "tansu" in text or "kafka.Kafka" in cmdline:
+    if "kafka.Kafka" in cmdline:
         return "broker"
     if "java" in text:
         return "jvm"

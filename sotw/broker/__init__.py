@@ -1,16 +1,15 @@
-"""Brokers sotw starts on this machine: Apache Kafka (one node or a cluster), and the embedded Tansu broker.
+"""Apache Kafka on this machine: the broker ``sotw broker``, every run, drill and test session start.
 
-Tests (one broker per test session), the demo and the load-test harness start a broker through
-``local_broker`` (``sotw.broker.local``), Apache Kafka unless asked for Tansu; ``sotw broker`` runs one in the
-foreground. Either way it is for rehearsals on one machine: pass ``--bootstrap`` to any command to use a real
-cluster. docs/broker.md says what each incident does to clients.
+``local_broker`` (``sotw.broker.local``) starts one node or a three-node cluster by name; ``KafkaBroker``
+(``sotw.broker.kafka``) is the broker itself, with the incidents of game days. It is for rehearsals on one
+machine: pass ``--bootstrap`` to any command to use a real cluster. docs/broker.md says what each incident
+does to clients.
 """
 
 from sotw.broker.config import KafkaBrokerConfig
 from sotw.broker.kafka import KafkaBroker
 from sotw.broker.local import BROKERS, LocalBroker, local_broker
 from sotw.broker.net import free_port, port_in_use, wait_for_kafka
-from sotw.broker.tansu import TansuBroker
 from sotw.outage import Outage
 
 __all__ = [
@@ -19,7 +18,6 @@ __all__ = [
     "KafkaBrokerConfig",
     "LocalBroker",
     "Outage",
-    "TansuBroker",
     "free_port",
     "local_broker",
     "port_in_use",

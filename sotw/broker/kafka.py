@@ -2,8 +2,8 @@
 
 Each node is one JVM (``kafka.Kafka``) that is both broker and controller, run from the jars ``make setup``
 fetched (``sotw.jars``), with its data under a directory the broker owns. ``KafkaBroker`` starts and stops them,
-and offers the same incidents as the embedded Tansu broker (pause, restart keeping or losing data, the proxy's
-network cuts), plus what a cluster adds: a node killed, stopped or started on its own, leadership and
+and offers the incidents of game days (pause, restart keeping or losing data, the proxy's network cuts),
+plus what a cluster adds: a node killed, stopped or started on its own, leadership and
 replication looked up through the admin API. docs/broker.md says what clients see in each.
 """
 

@@ -1,8 +1,8 @@
 """The broker a command starts when it is not given ``--bootstrap``, chosen once by name.
 
-``local_broker("kafka")`` (the default) is Apache Kafka; ``"tansu"`` and ``"tansu-durable"`` are the embedded
-Tansu broker on memory or on a local S3 server. Whatever is chosen, the harness drives it through the same
-``LocalBroker`` methods.
+``kafka`` is one Apache Kafka node, ``kafka-3`` a three-node cluster (replication factor 3,
+``min.insync.replicas=2``). Whichever is chosen, the harness drives it through the same ``LocalBroker``
+methods.
 """
 
 from __future__ import annotations
@@ -14,18 +14,19 @@ from typing import Protocol, Self
 from sotw.errors import BrokerError
 from sotw.outage import Outage
 
-#: The local brokers by name, the default first.
-BROKERS = ("kafka", "tansu", "tansu-durable")
+#: The local brokers by name (the default first) and their node counts.
+BROKERS = ("kafka", "kafka-3")
+_NODES = {"kafka": 1, "kafka-3": 3}
 
-#: Names older versions took, and what to say instead.
-_RENAMED = {
-    "memory": "the default broker is now Apache Kafka ('kafka'); the old in-memory one is 'tansu'",
-    "durable": "Apache Kafka ('kafka', the default) keeps its data on disk; the old durable one is 'tansu-durable'",
+#: Names older versions took (the embedded Tansu broker's storages), and what to say instead.
+_GONE = {
+    "memory": "the embedded Tansu broker is gone: sotw runs Apache Kafka ('kafka')",
+    "durable": "Apache Kafka ('kafka') keeps its data on disk: a restart keeps every acknowledged record",
 }
 
 
 class LocalBroker(Protocol):
-    """What the harness, the tests and ``sotw broker`` use of a broker they started."""
+    """What the harness, the tests and the benchmarks use of a broker they started."""
 
     @property
     def bootstrap(self) -> str:
@@ -80,34 +81,22 @@ def check_broker(name: str) -> str:
     """
     if name in BROKERS:
         return name
-    hint = f"; {_RENAMED[name]}" if name in _RENAMED else ""
+    hint = f"; {_GONE[name]}" if name in _GONE else ""
     raise BrokerError(f"broker must be one of {', '.join(BROKERS)}, got {name!r}{hint}")
 
 
-def local_broker(
-    name: str = "kafka", log_path: Path | None = None, nodes: int = 1, proxied: bool = False
-) -> LocalBroker:
-    """A broker of kind ``name`` (not started yet: use it as a context manager, or call ``start``).
+def local_broker(name: str = "kafka", log_path: Path | None = None, proxied: bool = False) -> LocalBroker:
+    """The broker ``name`` (not started yet: use it as a context manager, or call ``start``).
 
     Parameters
     ----------
     name
         One of ``BROKERS``.
     log_path
-        Where the broker's output goes (per node ``<stem>-N<suffix>`` for a Kafka cluster).
-    nodes
-        Kafka nodes; Tansu has one.
+        Where the broker's output goes (per node ``<stem>-N<suffix>`` for a cluster).
     proxied
-        Clients reach the broker through a ``sotw.proxy.TcpProxy`` (network incidents).
+        Clients reach each node through a ``sotw.proxy.TcpProxy`` (network incidents).
     """
     from sotw.broker.kafka import KafkaBroker
-    from sotw.broker.tansu import TansuBroker
 
-    check_broker(name)
-    if name == "kafka":
-        return KafkaBroker(nodes=nodes, log_path=log_path, proxied=proxied)
-    if nodes != 1:
-        raise BrokerError(
-            f"the embedded Tansu broker has one node, not {nodes}: use --broker kafka for a cluster"
-        )
-    return TansuBroker(log_path=log_path, durable=name == "tansu-durable", proxied=proxied)
+    return KafkaBroker(nodes=_NODES[check_broker(name)], log_path=log_path, proxied=proxied)

@@ -2,7 +2,7 @@
 
 Each drill here is a short form of a shipped one, on the ``smoke`` profile, with recovery bounds wide enough for a
 busy 2-core CI machine (a Spark restart alone takes 10-30 s there); the shipped drills' own bounds are checked by
-running them (docs/benchmarks.md, "Game-day drills"). The two runs of several minutes (every incident kind in one run, the durable
+running them (docs/benchmarks.md, "Game-day drills"). The two longer runs (every incident kind in one run, the
 broker's restart) are marked slow: `make test-slow` and the nightly job run them.
 """
 
@@ -123,15 +123,13 @@ def test_every_incident_kind_but_data_loss_is_ridden_out_with_nothing_lost_or_re
 
 
 @pytest.mark.slow
-def test_a_durable_broker_restarted_mid_run_loses_nothing(tmp_path: Path):
+def test_a_broker_restarted_mid_run_loses_nothing(tmp_path: Path):
     results = run_drill(
         drill(
             """
 [drill]
-description = "the durable broker restarts mid-run"
+description = "the broker restarts mid-run"
 profile = "smoke"
-broker = "durable"
-simulator = { producer = { "linger.ms" = "500" } }
 run = { warmup_s = 3, steady_s = 40, max_lag_s = 600, drain_max_s = 300 }
 [[incidents]]
 kind = "broker_restart"
@@ -233,12 +231,9 @@ def test_every_shipped_drill_reads_and_names_its_expectations():
         ("[drill]\n[expect]\nrows_lost=0\n", "needs a profile"),
         (
             "[drill]\nprofile='smoke'\nbroker='postgres'\n",
-            "broker must be one of kafka, tansu, tansu-durable, got 'postgres'",
+            "broker must be one of kafka, kafka-3, got 'postgres'",
         ),
-        (
-            "[drill]\nprofile='smoke'\nbroker='durable'\n",
-            "Apache Kafka .* keeps its data on disk; the old durable one is 'tansu-durable'",
-        ),
+        ("[drill]\nprofile='smoke'\nbroker='durable'\n", "'durable'; Apache Kafka .* keeps its data on disk"),
         ("[drill]\nprofile='smoke'\n[[incidents]]\nkind='load'\nat_s=1\n", "exactly one of factor"),
     ],
 )

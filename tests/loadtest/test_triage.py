@@ -93,7 +93,7 @@ def test_a_delivered_offset_past_the_end_of_the_partition_is_the_brokers_fault(
 def test_reader_finds_every_record_of_the_last_batch(
     kafka: KafkaConfig, unique_prefix: Callable[[], str]
 ) -> None:
-    # Tansu reports the last batch's base + 1 as the high watermark; records past it must still be found.
+    # Every record of a producer batch is found, the batch's last one too; past the end there is none.
     topic = f"{unique_prefix()}batch"
     ensure_topics(kafka, {topic: 1})
     values = [f"v{i}".encode() for i in range(50)]

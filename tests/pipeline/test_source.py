@@ -220,8 +220,8 @@ def test_reads_every_record_of_several_topics_exactly_once_including_the_last_ba
     ensure_topics(kafka, topics)
     expected: Produced = set()
     for topic in topics:
-        # Many records per producer batch, then a last batch of several records: on Tansu the high watermark
-        # points at the first record of that last batch, so a naive source would miss its tail.
+        # Many records per producer batch, then a last batch of several records: every one is read, the
+        # last batch's tail too.
         expected |= produce(kafka, topic, 500, linger_ms=50)
         expected |= produce(kafka, topic, 7, start=500, linger_ms=200)
     df = stream(spark, kafka, subscribePattern=f"{prefix}.*", startingOffsets="earliest")

@@ -1,20 +1,20 @@
-"""The cost of a durable embedded broker: the same bulk load on ``memory://`` and on ``s3://`` (local moto).
+"""The local Kafka broker, one node and three: start-up, memory, a bulk load written and read back, a crash.
 
 Run with::
 
-    .venv/bin/python benchmarks/broker_durable.py --messages 200000 --repeats 2
+    .venv/bin/python benchmarks/broker_local.py --brokers kafka,kafka-3 --messages 200000 --repeats 2
 
-For each repeat, and each broker in turn (memory, then durable, each started afresh), it:
+For each repeat, and each broker in turn (``kafka``: one Apache Kafka node; ``kafka-3``: three), each started
+afresh, it:
 
-* produces ``--messages`` records of ``--value-bytes`` bytes round-robin over ``--partitions`` partitions
-  of one topic with the simulator's producer settings (``DEFAULT_PRODUCER``: idempotent, acks=all,
-  1 MB batches), timed from the first ``produce`` to the end of ``flush``;
-* reads them all back with one assign-only consumer from offset 0, timed to the last record;
-* on the durable broker only, kills the broker process (SIGKILL) and times how long until it answers the
-  Kafka API again (``Outage.duration_s``) and until a new consumer gets the first record of the topic.
-
-It prints msg/s for each, the durable/memory ratios, the restart times, and the processes' resident memory
-after the load.
+* times ``start()`` until every node answers, and reads the processes' resident memory then;
+* produces ``--messages`` records of ``--value-bytes`` bytes round-robin over ``--partitions`` partitions of one
+  topic with the simulator's producer settings (``DEFAULT_PRODUCER``: idempotent, acks=all, 1 MB batches),
+  timed from the first ``produce`` to the end of ``flush``;
+* reads them all back with one assign-only consumer from offset 0, timed to the last record, and reads the
+  resident memory again;
+* kills the broker (SIGKILL, every node) and starts it again on its data, timing how long until every node
+  answers (``Outage.duration_s``) and until a new consumer gets the first record of the topic.
 """
 
 from __future__ import annotations
@@ -30,10 +30,11 @@ import psutil
 from confluent_kafka import Producer, TopicPartition
 
 from simulator.config import DEFAULT_PRODUCER
-from sotw.broker import TansuBroker
+from sotw.broker import BROKERS, LocalBroker, local_broker
 from sotw.kafka import EndOffsets, KafkaConfig, ensure_topics
 
-TOPIC = "bench-durable"
+TOPIC = "bench-broker"
+KINDS = BROKERS
 
 
 def produce(kafka: KafkaConfig, messages: int, partitions: int, value: bytes) -> float:
@@ -90,79 +91,84 @@ def first_record_s(kafka: KafkaConfig, since: float, timeout: float = 60.0) -> f
     raise RuntimeError(f"no record within {timeout:g} s of the restart")
 
 
-def rss_mb(broker: TansuBroker) -> dict[str, float]:
+def rss_mb(broker: LocalBroker) -> dict[str, float]:
     return {name: psutil.Process(pid).memory_info().rss / 2**20 for name, pid in broker.pids.items()}
 
 
-def one(durable: bool, args: argparse.Namespace) -> dict[str, Any]:
+def one(kind: str, args: argparse.Namespace) -> dict[str, Any]:
     value = b"x" * args.value_bytes
-    with TansuBroker(durable=durable) as broker:
+    broker = local_broker(kind)
+    t0 = time.perf_counter()
+    with broker:
+        result: dict[str, Any] = {
+            "broker": kind,
+            "start_s": time.perf_counter() - t0,
+            "rss_start_mb": rss_mb(broker),
+        }
         kafka = KafkaConfig(broker.bootstrap)
         ensure_topics(kafka, {TOPIC: args.partitions})
-        result: dict[str, Any] = {
-            "broker": "durable" if durable else "memory",
-            "produce_msg_s": produce(kafka, args.messages, args.partitions, value),
-            "read_msg_s": read_back(kafka, args.messages, args.partitions),
-            "rss_mb": rss_mb(broker),
-        }
-        if durable:
-            t0 = time.perf_counter()
-            outage = broker.restart(kill=True)
-            result["restart_api_s"] = outage.duration_s
-            result["restart_first_record_s"] = first_record_s(kafka, t0)
+        result["produce_msg_s"] = produce(kafka, args.messages, args.partitions, value)
+        result["read_msg_s"] = read_back(kafka, args.messages, args.partitions)
+        result["rss_mb"] = rss_mb(broker)
+        t0 = time.perf_counter()
+        outage = broker.restart(kill=True)
+        result["restart_api_s"] = outage.duration_s
+        result["restart_first_record_s"] = first_record_s(kafka, t0)
     return result
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--brokers", default="kafka,kafka-3", help=f"comma-separated, of {', '.join(KINDS)}")
     parser.add_argument("--messages", type=int, default=200_000)
     parser.add_argument("--partitions", type=int, default=6)
     parser.add_argument("--value-bytes", type=int, default=200, help="bytes per record value (default 200)")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
+    kinds = [k.strip() for k in args.brokers.split(",") if k.strip()]
+    unknown = sorted(set(kinds) - set(KINDS))
+    if unknown:
+        parser.error(f"unknown broker {unknown[0]!r} (choose from {', '.join(KINDS)})")
     runs: list[dict[str, Any]] = []
     for r in range(args.repeats):
-        for durable in (False, True):
-            got = one(durable, args)
+        for kind in kinds:
+            got = one(kind, args)
             runs.append(got)
             line = (
-                f"run {r + 1} {got['broker']:>7}: produce {got['produce_msg_s']:>9,.0f} msg/s, "
-                f"read {got['read_msg_s']:>9,.0f} msg/s, RSS "
-                + ", ".join(f"{k} {v:,.0f} MB" for k, v in got["rss_mb"].items())
+                f"run {r + 1} {kind:>13}: start {got['start_s']:.1f} s (RSS "
+                + ", ".join(f"{k} {v:,.0f}" for k, v in got["rss_start_mb"].items())
+                + f" MB); produce {got['produce_msg_s']:>9,.0f} msg/s, read {got['read_msg_s']:>9,.0f} msg/s, RSS "
+                + ", ".join(f"{k} {v:,.0f}" for k, v in got["rss_mb"].items())
+                + " MB"
             )
-            if durable:
-                line += (
-                    f"; kill -> API answers {got['restart_api_s']:.2f} s, "
-                    f"-> first record {got['restart_first_record_s']:.2f} s"
-                )
+            line += (
+                f"; kill -> API answers {got['restart_api_s']:.2f} s, "
+                f"-> first record {got['restart_first_record_s']:.2f} s"
+            )
             print(line, flush=True)
     best = {
         kind: {
             key: max(g[key] for g in runs if g["broker"] == kind) for key in ("produce_msg_s", "read_msg_s")
         }
-        for kind in ("memory", "durable")
+        for kind in kinds
     }
-    summary = {
-        "messages": args.messages,
-        "partitions": args.partitions,
-        "value_bytes": args.value_bytes,
-        "best": best,
-        "durable_over_memory": {
-            key: best["durable"][key] / best["memory"][key] for key in ("produce_msg_s", "read_msg_s")
-        },
-        "restart_first_record_s": [g["restart_first_record_s"] for g in runs if g["broker"] == "durable"],
-        "runs": runs,
-    }
-    ratio = summary["durable_over_memory"]
     print(
-        f"best of {args.repeats}: produce memory {best['memory']['produce_msg_s']:,.0f} / durable "
-        f"{best['durable']['produce_msg_s']:,.0f} msg/s (durable/memory {ratio['produce_msg_s']:.2f}); "
-        f"read memory {best['memory']['read_msg_s']:,.0f} / durable {best['durable']['read_msg_s']:,.0f} "
-        f"msg/s ({ratio['read_msg_s']:.2f})"
+        f"best of {args.repeats}: "
+        + "; ".join(
+            f"{k} produce {b['produce_msg_s']:,.0f} / read {b['read_msg_s']:,.0f} msg/s"
+            for k, b in best.items()
+        )
     )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
+        summary = {
+            "messages": args.messages,
+            "partitions": args.partitions,
+            "value_bytes": args.value_bytes,
+            "best": best,
+            "runs": runs,
+        }
         args.json.write_text(json.dumps(summary, indent=2))
     return 0
 
