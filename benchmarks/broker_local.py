@@ -8,8 +8,8 @@ For each repeat, and each broker in turn (``kafka``: one Apache Kafka node; ``ka
 afresh, it:
 
 * times ``start()`` until every node answers, and reads the processes' resident memory then;
-* produces ``--messages`` records of ``--value-bytes`` bytes round-robin over ``--partitions`` partitions of one
-  topic with the simulator's producer settings (``DEFAULT_PRODUCER``: idempotent, acks=all, 1 MB batches),
+* produces ``--messages`` records of ``--value-bytes`` bytes round-robin over ``--partitions`` partitions of
+  one topic with the simulator's producer settings (``DEFAULT_PRODUCER``: idempotent, acks=all, 1 MB batches),
   timed from the first ``produce`` to the end of ``flush``;
 * reads them all back with one assign-only consumer from offset 0, timed to the last record, and reads the
   resident memory again;
@@ -138,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
             line = (
                 f"run {r + 1} {kind:>13}: start {got['start_s']:.1f} s (RSS "
                 + ", ".join(f"{k} {v:,.0f}" for k, v in got["rss_start_mb"].items())
-                + f" MB); produce {got['produce_msg_s']:>9,.0f} msg/s, read {got['read_msg_s']:>9,.0f} msg/s, RSS "
+                + f" MB); produce {got['produce_msg_s']:>9,.0f} msg/s, "
+                + f"read {got['read_msg_s']:>9,.0f} msg/s, RSS "
                 + ", ".join(f"{k} {v:,.0f}" for k, v in got["rss_mb"].items())
                 + " MB"
             )

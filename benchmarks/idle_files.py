@@ -1,10 +1,10 @@
 """Files an idle pipeline leaves behind: output and checkpoint file counts over a quiet stretch.
 
 With a session timeout Spark runs a micro-batch every trigger even when no data arrives. This benchmark starts
-a local Apache Kafka broker and ``sotw pipeline`` (1 s trigger), gives it a few sessions to hold, then lets it idle and
-counts the files under its output and checkpoint, and the progress log's lines, every ``--every`` seconds. A
-bounded pipeline adds nothing per idle hour once the retained batches are full (Spark keeps the last 100
-batches of its checkpoint, sotw the last 100 markers of batches that wrote nothing).
+a local Kafka broker and ``sotw pipeline`` (1 s trigger), gives it a few sessions to hold, then lets it idle
+and counts the files under its output and checkpoint, and the progress log's lines, every ``--every``
+seconds. A bounded pipeline adds nothing per idle hour once the retained batches are full (Spark keeps the
+last 100 batches of its checkpoint, sotw the last 100 markers of batches that wrote nothing).
 
     .venv/bin/python benchmarks/idle_files.py --minutes 10
 """

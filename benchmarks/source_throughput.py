@@ -4,8 +4,8 @@ Run with::
 
     .venv/bin/python benchmarks/source_throughput.py --messages 300000 --topics 20
 
-It starts a local broker (``--broker``, Apache Kafka by default; or takes ``--bootstrap``), fills ``--topics`` topics with small JSON
-messages, then drains the whole backlog three ways and prints messages/s for each:
+It starts a local Kafka broker (``--broker``; or takes ``--bootstrap``), fills ``--topics`` topics with small
+JSON messages, then drains the whole backlog three ways and prints messages/s for each:
 
 * ``bare``: one assign-only confluent-kafka consumer in this process touching key and value of each message
   (the ceiling for a Python consumer);

@@ -1,6 +1,6 @@
 """``sotw demo`` (what ``make demo`` runs): a short 1x run of the whole system with a few faults on.
 
-About two minutes on a local Apache Kafka broker: the ``demo`` profile (a tolerant ``ordered`` policy, a burst of
+About two minutes on a local Kafka broker: the ``demo`` profile (a tolerant ``ordered`` policy, a burst of
 faults in the middle), then the summary on the terminal and the path of the HTML report.
 """
 

@@ -255,7 +255,7 @@ class BrokerRestart(Incident):
 
 @dataclass(frozen=True)
 class BrokerDataLoss(Incident):
-    """The broker comes back without the records it acknowledged (its log directories wiped while it was down).
+    """The broker comes back without the records it acknowledged (its data wiped while it was down).
 
     ``begin`` returns once the broker answers again, so the incident's window is the outage itself.
     """
@@ -272,7 +272,10 @@ class BrokerDataLoss(Incident):
         _broker(stage, self.kind).restart(self.downtime_s, lose_data=True)
         # The broker came back without topics and creates none itself: the simulator makes its own again.
         stage.recreate_topics()
-        return f"broker killed, down {self.downtime_s:g} s, answering again without its data; topics created again"
+        return (
+            f"broker killed, down {self.downtime_s:g} s, answering again without its data; "
+            "topics created again"
+        )
 
 
 @dataclass(frozen=True)

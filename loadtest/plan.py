@@ -332,8 +332,8 @@ def plan_text(meas: Measurements, fleet: Fleet, answer: dict[str, Any], source: 
         "- End-to-end p99 ~ one batch interval (waiting to be read) + one batch time; the trigger is "
         f"{fleet.trigger_s:g} s.",
         "- One active session per sensor at a time; state memory is linear in the rows of a session's table.",
-        "- The broker's cost was measured on one local Apache Kafka node; with replication, writing a message "
-        "costs each replica about the same again.",
+        "- The broker's cost was measured on one local Kafka node; with replication, writing a message costs "
+        "each replica about the same again.",
         "- The messages are the simulator's: the same size and mix of snapshots and updates as the backlog.",
     ]
     return "\n".join(lines) + "\n"

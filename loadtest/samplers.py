@@ -181,7 +181,8 @@ class AppendTimes:
 class KafkaLagProbe:
     """Offsets behind the latest (total, max per partition) and the age of the oldest unprocessed message.
 
-    The end of a partition is its high watermark (``sotw.kafka.EndOffsets``). The age is dated from the end offsets this probe reads anyway (``AppendTimes``), so no record is fetched.
+    The end of a partition is its high watermark (``sotw.kafka.EndOffsets``). The age is dated from the end
+    offsets this probe reads anyway (``AppendTimes``), so no record is fetched.
     A partition that appears between two topic listings is dated from the earlier listing, when it did not
     exist yet.
 

@@ -91,7 +91,8 @@ class CommandControl:
         """Run the stop command, wait, run the start command."""
         if lose_data:
             raise HarnessError(
-                "broker_data_loss needs a local broker (its data is wiped): a cluster given with --bootstrap keeps its data"
+                "broker_data_loss needs a local broker (its data is wiped): "
+                "a cluster given with --bootstrap keeps its data"
             )
         self._run("stop")
         time.sleep(downtime_s)

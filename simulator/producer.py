@@ -256,12 +256,12 @@ class Simulator:
             self._joins_asked += count
 
     def recreate_topics(self) -> None:
-        """Create the active sensors' topics again at the next block, as a client does after a broker lost its data.
+        """Create the active sensors' topics again at the next block, as a client does after a data loss.
 
-        The broker came back without them, and Kafka creates no topic on its own (``auto.create.topics.enable``
-        is off on the local broker): until they exist, every message waits in the producer, and times out after
-        ``message.timeout.ms``. The producer itself goes on: Kafka gives the idempotent producer a new id once
-        it finds the old one unknown, so what it held is delivered to the new, empty topics.
+        The broker came back without them, and Kafka creates no topic on its own (the local broker's
+        ``auto.create.topics.enable`` is off): until they exist, every message waits in the producer, and
+        times out after ``message.timeout.ms``. The producer itself goes on: Kafka gives the idempotent
+        producer a new id once it finds the old one unknown, so what it held is delivered to the new topics.
         """
         with self._lock:
             self._recreate_asked = True

@@ -1,12 +1,12 @@
 """Bundles of Java libraries sotw runs, fetched from Maven Central by ``make setup``.
 
 A bundle is a ``pom.xml`` (packaging ``pom``) in the repository's ``jars/<bundle>/`` listing what it needs:
-``kafka`` is the Apache Kafka broker (``sotw.broker.kafka``). ``python -m sotw.jars fetch BUNDLE`` (a make rule
-per bundle) has Maven copy the bundle's runtime dependencies into ``<environment>/jars/<bundle>/`` and writes a
-manifest of what it copied; Maven keeps what it downloaded in ``~/.m2``, and make re-runs the rule only when the
-bundle's ``pom.xml`` changed, so a second set-up neither downloads nor copies anything. ``classpath(BUNDLE)``
-returns the jars after checking them against the manifest, so a missing, partly copied or outdated bundle is
-named with its fix (``make setup``) instead of failing inside the JVM.
+``kafka`` is the Apache Kafka broker (``sotw.broker.kafka``). ``python -m sotw.jars fetch BUNDLE`` (a make
+rule per bundle) has Maven copy the bundle's runtime dependencies into ``<environment>/jars/<bundle>/`` and
+writes a manifest of what it copied; Maven keeps what it downloaded in ``~/.m2``, and make re-runs the rule
+only when the bundle's ``pom.xml`` changed, so a second set-up neither downloads nor copies anything.
+``classpath(BUNDLE)`` returns the jars after checking them against the manifest, so a missing, partly copied
+or outdated bundle is named with its fix (``make setup``) instead of failing inside the JVM.
 """
 
 from __future__ import annotations
@@ -108,6 +108,9 @@ def classpath(bundle: str, prefix: Path | None = None) -> list[Path]:
         Naming ``make setup`` if the bundle was never fetched, a jar is missing or of another size than
         Maven copied (a truncated or replaced file), or the bundle's ``pom.xml`` changed since.
     """
+    # A sotw installed from a wheel (the Docker image) has no jars/ beside it: its bundles were fetched from
+    # the source tree at build time, and there is no newer pom.xml to be outdated against.
+    pom = _pom(bundle) if DEFINITIONS.is_dir() else None
     folder = bundle_dir(bundle, prefix)
     fix = "run `make setup` to fetch them"
     try:
@@ -118,10 +121,7 @@ def classpath(bundle: str, prefix: Path | None = None) -> list[Path]:
         raise SetupError(
             f"the {bundle} jars' manifest {folder / MANIFEST} is unreadable ({exc}): {fix}"
         ) from None
-    # A sotw installed from a wheel (the Docker image) has no jars/ beside it: its bundles were fetched from
-    # the source tree at build time, and there is no newer pom.xml to be outdated against.
-    pom = DEFINITIONS / bundle / "pom.xml"
-    if pom.is_file() and manifest.get("pom_sha256") != _digest(pom):
+    if pom is not None and manifest.get("pom_sha256") != _digest(pom):
         raise SetupError(f"the {bundle} jars in {folder} are from an older jars/{bundle}/pom.xml: {fix}")
     jars: list[Path] = []
     for name, size in manifest["jars"].items():
@@ -154,10 +154,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         for bundle in args.bundles:
             if args.action == "fetch":
                 folder = fetch(bundle)
-                size = sum(p.stat().st_size for p in folder.glob("*.jar"))
-                print(
-                    f"{bundle} jars: {len(list(folder.glob('*.jar')))} files, {size / 2**20:.0f} MiB in {folder}"
-                )
+                jars = list(folder.glob("*.jar"))
+                size = sum(p.stat().st_size for p in jars)
+                print(f"{bundle} jars: {len(jars)} files, {size / 2**20:.0f} MiB in {folder}")
             else:
                 print(":".join(str(p) for p in classpath(bundle)))
     except SotwError as exc:

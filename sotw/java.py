@@ -17,7 +17,7 @@ MIN_JAVA = 17
 
 
 def java_major(version_text: str) -> int | None:
-    """The major version in ``java -version``'s output (``"17.0.15"`` -> 17, ``"1.8.0_292"`` -> 8), or None."""
+    """The major version in ``java -version``'s output (``"17.0.15"``: 17, ``"1.8.0_292"``: 8), or None."""
     found = re.search(r'version "(\d+)(?:\.(\d+))?', version_text)
     if found is None:
         return None

@@ -1,7 +1,8 @@
 """Kafka client settings and the one place that reads partitions' offsets.
 
-``KafkaConfig`` carries the bootstrap address and librdkafka settings from the CLI inward; every client in sotw
-builds its configuration from it, so SASL, TLS and tuning flags given once reach every producer and consumer.
+``KafkaConfig`` carries the bootstrap address and librdkafka settings from the CLI inward; every client in
+sotw builds its configuration from it, so SASL, TLS and tuning flags given once reach every producer and
+consumer.
 ``EndOffsets`` reads the watermarks of many partitions in two requests, waiting out the moments when a
 partition has no leader.
 """

@@ -1,9 +1,9 @@
 """Child processes that never outlive the process that started them.
 
-The local broker runs Kafka's JVMs as child processes. If the harness dies without running its clean-up (SIGKILL, an out-of-memory kill, a crash in native code), those children
-would keep their ports and memory forever. A parent-death signal (``PR_SET_PDEATHSIG``) is not enough: it
-fires when the *thread* that started the child exits, so a broker restarted from a drill's thread would die
-with that thread.
+The local broker runs Kafka's JVMs as child processes. If the harness dies without running its clean-up
+(SIGKILL, an out-of-memory kill, a crash in native code), those children would keep their ports and memory
+forever. A parent-death signal (``PR_SET_PDEATHSIG``) is not enough: it fires when the *thread* that started
+the child exits, so a broker restarted from a drill's thread would die with that thread.
 
 Instead each ``ProcessGroup`` starts a tiny watchdog process that leads a new process group and reads a pipe
 from us. Every child joins that group. The pipe reaches end-of-file only when we close it or die, whichever

@@ -30,9 +30,9 @@ class ProcessReading:
 def kind_of(cmdline: Sequence[str]) -> str:
     """What a process of the system is, from its command line: one of ``KINDS``.
 
-    A broker is a JVM running Kafka's main class ``kafka.Kafka`` (found anywhere in the line: the JVM's options
-    come first); Spark's JVM is ``java``; Spark's Python processes are its streaming source planner
-    and its workers (``pyspark.daemon``); anything else is a driver (``sotw pipeline``, a benchmark).
+    A broker is a JVM running Kafka's main class ``kafka.Kafka`` (anywhere in the line: the JVM's options come
+    first); Spark's JVM is ``java``; Spark's Python processes are its streaming source planner and its
+    workers (``pyspark.daemon``); anything else is a driver (``sotw pipeline``, a benchmark).
     """
     text = " ".join(cmdline[:6])
     if "kafka.Kafka" in cmdline:

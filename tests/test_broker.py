@@ -1,4 +1,4 @@
-"""The local Apache Kafka broker against its real JVMs: start, a round trip, restarts that keep or lose data, a
+"""The local Kafka broker against its real JVMs: start, a round trip, restarts that keep or lose data, a
 pause, `sotw broker`, no process left behind, and every start-up failure named with its fix."""
 
 from __future__ import annotations

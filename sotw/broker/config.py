@@ -43,17 +43,18 @@ TUNED: dict[str, str] = {
     # its data a producer still sending would re-create its topics with 1 partition before anyone could make
     # them right: so no topic appears unless asked for.
     "auto.create.topics.enable": "false",
-    # KRaft's timeouts assume a calm machine (election 1 s, fetch 2 s, broker session 9 s). With Spark and the
-    # load generator on the same 2 cores a node can miss a deadline without being dead: doubled, a busy machine
-    # does not elect or fence by mistake, and a dead node is still found within 12 s.
+    # KRaft's controller timeouts assume a calm machine (election 1 s, fetch 2 s). With Spark and the load
+    # generator on the same 2 cores a controller can be late without being dead: doubled, a busy machine
+    # does not hold elections by mistake. The broker session keeps its 9 s: a dead node is fenced, and its
+    # partitions' leadership moves, that long after its last heartbeat.
     "controller.quorum.election.timeout.ms": "2000",
     "controller.quorum.fetch.timeout.ms": "4000",
     "broker.session.timeout.ms": "9000",
     "broker.heartbeat.interval.ms": "2000",
     # Retention is on and bounded, so a long soak's disk use levels off: small segments (the active one is
     # never deleted; 1 GiB by default would never close in a soak), rolled at least every 5 minutes, kept
-    # 10 minutes or 128 MiB per partition, checked every 30 s (5 min by default) and removed 10 s later (60 s).
-    # A pipeline lagging more than 10 minutes loses records (and says so): raise them with --override.
+    # 10 minutes or 128 MiB per partition, checked every 30 s (5 min by default) and removed 10 s later
+    # (60 s). A pipeline lagging more than 10 minutes loses records (and says so): raise them with --override.
     "log.segment.bytes": str(16 * 2**20),
     "log.roll.ms": str(5 * 60_000),
     "log.retention.ms": str(10 * 60_000),
@@ -78,7 +79,7 @@ OWNED = (
     "metadata.log.dir",
 )
 
-#: Heap per node (MiB) when not given: 512 for one node; three nodes share the machine with Spark, so less each.
+#: Heap per node (MiB) when not given: 512 for one node; three share the machine with Spark, so less each.
 DEFAULT_HEAP_MB = {1: 512, 2: 384, 3: 320}
 
 _CLUSTER_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]{21}")
@@ -149,7 +150,8 @@ class KafkaBrokerConfig:
             raise BrokerError(f"port must be from 0 (a free one) to 65535, got {self.port!r}")
         if self.cluster_id is not None and not _CLUSTER_ID.fullmatch(self.cluster_id):
             raise BrokerError(
-                f"cluster_id must be 22 URL-safe base64 characters not starting with '-', got {self.cluster_id!r}"
+                "cluster_id must be 22 URL-safe base64 characters not starting with '-', "
+                f"got {self.cluster_id!r}"
             )
         if self.heap_mb is not None and (not isinstance(self.heap_mb, int) or self.heap_mb < 128):
             raise BrokerError(f"heap_mb must be a whole number of MiB >= 128, got {self.heap_mb!r}")
@@ -160,7 +162,8 @@ class KafkaBrokerConfig:
         owned = sorted(set(self.overrides) & set(OWNED))
         if owned:
             raise BrokerError(
-                f"overrides may not set {owned[0]!r}: sotw sets it per node (listeners, ids and log directories)"
+                f"overrides may not set {owned[0]!r}: "
+                "sotw sets it per node (listeners, ids and log directories)"
             )
         object.__setattr__(self, "overrides", {str(k): str(v) for k, v in self.overrides.items()})
         for name in ("data_dir", "log_path"):
@@ -224,8 +227,12 @@ def node_properties(
         # Static voters: every node knows the quorum from its configuration, so formatting needs no
         # --standalone (which would make each node a quorum of its own).
         "controller.quorum.voters": voters(host, ports),
-        "listeners": (
-            f"CLIENT://{host}:{own.listen},INTERNAL://{host}:{own.internal},CONTROLLER://{host}:{own.controller}"
+        "listeners": ",".join(
+            (
+                f"CLIENT://{host}:{own.listen}",
+                f"INTERNAL://{host}:{own.internal}",
+                f"CONTROLLER://{host}:{own.controller}",
+            )
         ),
         # Clients are told the proxy's port when proxied; nodes replicate over INTERNAL, never through it.
         "advertised.listeners": f"CLIENT://{host}:{own.client},INTERNAL://{host}:{own.internal}",
@@ -252,7 +259,7 @@ def properties_text(props: Mapping[str, str]) -> str:
 
 
 #: Kafka's log4j2 configuration: everything to standard output (the node's log file), at INFO, except the
-#: full configuration dump at each start (a thousand lines per node) and the per-request and state-change logs.
+#: full configuration dump at each start (a thousand lines per node), the request and state-change logs.
 LOG4J2 = """\
 status = warn
 # Kafka's own shutdown hook logs its controlled shutdown: log4j must not stop first.

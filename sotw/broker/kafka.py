@@ -1,10 +1,10 @@
 """Apache Kafka on this machine: one KRaft node, or a cluster of them, with the incidents of game days.
 
 Each node is one JVM (``kafka.Kafka``) that is both broker and controller, run from the jars ``make setup``
-fetched (``sotw.jars``), with its data under a directory the broker owns. ``KafkaBroker`` starts and stops them,
-and offers the incidents of game days (pause, restart keeping or losing data, the proxy's network cuts),
-plus what a cluster adds: a node killed, stopped or started on its own, leadership and
-replication looked up through the admin API. docs/broker.md says what clients see in each.
+fetched (``sotw.jars``), with its data under a directory the broker owns. ``KafkaBroker`` starts and stops
+them, and offers the incidents of game days (pause, restart keeping or losing data, the proxy's network cuts),
+plus what a cluster adds: a node killed, stopped or started on its own, leadership and replication looked up
+through the admin API. docs/broker.md says what clients see in each.
 """
 
 from __future__ import annotations
@@ -113,6 +113,7 @@ class KafkaBroker(contextlib.AbstractContextManager["KafkaBroker"]):
         self._java = ""
         self._classpath = ""
         self._paused_ms: int | None = None
+        self._admin: AdminClient | None = None
         self._lock = threading.RLock()
 
     # ---- what clients and samplers see ---------------------------------------------------------------
@@ -340,17 +341,19 @@ class KafkaBroker(contextlib.AbstractContextManager["KafkaBroker"]):
             time.sleep(0.1)
 
     def stop(self, timeout: float | None = None) -> None:
-        """Stop every node together (SIGTERM, SIGKILL after ``timeout``, ``stop_grace_s`` by default).
+        """Stop every node and the proxies; remove a temporary data directory.
 
-        All nodes get SIGTERM at once: stopped one by one, the last ones would wait in controlled shutdown for
-        a controller quorum that is already gone. A paused broker is resumed first. A temporary data directory
-        is removed, and its nodes are killed at once (SIGKILL) rather than stopped: there is nothing to keep.
+        Nodes with data to keep get SIGTERM all at once (stopped one by one, the last ones would wait in
+        controlled shutdown for a controller quorum already gone), and SIGKILL after ``timeout`` seconds
+        (``stop_grace_s`` by default). Nodes of a temporary directory are killed at once: there is nothing to
+        keep, and a cluster's controlled shutdown still waits about 5 s for its quorum. A paused broker is
+        resumed first.
         """
         with self._lock:
             self.resume()
+            self._admin = None
             nodes = list(self._nodes.values())
             if self._storage is not None and self._storage.temporary:
-                # Nothing to keep: a cluster's controlled shutdown of all nodes at once waits ~5 s for a quorum.
                 self._terminate(nodes, 0.0, kill=True)
             else:
                 self._terminate(nodes, self.config.stop_grace_s if timeout is None else timeout)
@@ -414,8 +417,8 @@ class KafkaBroker(contextlib.AbstractContextManager["KafkaBroker"]):
                 if not node.down_on_purpose and not node.alive():
                     code = None if node.process is None else node.process.returncode
                     raise BrokerError(
-                        f"Kafka node {node.id} at {self.host}:{node.ports.client} is gone (exit code {code}); "
-                        f"see {node.log_path}"
+                        f"Kafka node {node.id} at {self.host}:{node.ports.client} is gone "
+                        f"(exit code {code}); see {node.log_path}"
                     )
 
     def pause(self, node: int | None = None) -> None:
@@ -433,7 +436,7 @@ class KafkaBroker(contextlib.AbstractContextManager["KafkaBroker"]):
                     n.process.send_signal(signal.SIGSTOP)
 
     def resume(self) -> Outage | None:
-        """Let every paused node run again (SIGCONT); return the pause as an ``Outage`` (None if not paused)."""
+        """Let every paused node run again (SIGCONT); return the pause as an ``Outage`` (None if none was)."""
         with self._lock:
             if self._paused_ms is None:
                 return None
@@ -459,7 +462,8 @@ class KafkaBroker(contextlib.AbstractContextManager["KafkaBroker"]):
         downtime_s
             Seconds to stay down after the processes exited.
         kill
-            SIGKILL at once, as a crash; otherwise SIGTERM (a controlled shutdown), SIGKILL after ``stop_grace_s``.
+            SIGKILL at once, as a crash; otherwise SIGTERM (a controlled shutdown), and SIGKILL after
+            ``stop_grace_s``.
         lose_data
             Wipe the log directories while down: the nodes come back formatted afresh for the same cluster id,
             without topics, records, committed offsets or producer ids (the nodes that kept theirs copy the
@@ -501,7 +505,7 @@ class KafkaBroker(contextlib.AbstractContextManager["KafkaBroker"]):
         self.stop_node(node, kill=True)
 
     def start_node(self, node: int | None = None, lose_data: bool = False) -> None:
-        """Start a stopped node (or every stopped node) and wait until it serves; ``lose_data`` wipes it first.
+        """Start a stopped node (or every stopped one) and wait until it serves; ``lose_data`` wipes it first.
 
         Raises
         ------
@@ -531,10 +535,13 @@ class KafkaBroker(contextlib.AbstractContextManager["KafkaBroker"]):
     # ---- the cluster as the admin API shows it -------------------------------------------------------
 
     def admin(self) -> AdminClient:
-        """An admin client on the nodes' own listeners (past any proxy)."""
-        listen = ",".join(f"{self.host}:{n.ports.listen}" for n in self._nodes.values())
-        # Quiet: while a node is down, librdkafka would log each refused connection; errors still raise.
-        return AdminClient({"bootstrap.servers": listen, "log_level": 0})
+        """The broker's admin client on the nodes' own listeners (past any proxy), made on first use."""
+        with self._lock:
+            if self._admin is None:
+                listen = ",".join(f"{self.host}:{n.ports.listen}" for n in self._nodes.values())
+                # Quiet: while a node is down, librdkafka logs each refused connection (errors still raise).
+                self._admin = AdminClient({"bootstrap.servers": listen, "log_level": 0})
+            return self._admin
 
     def _partitions(self, topics: Iterable[str] | None) -> list[Any]:
         meta = self.admin().list_topics(timeout=10)
@@ -557,7 +564,7 @@ class KafkaBroker(contextlib.AbstractContextManager["KafkaBroker"]):
         return max(sorted(counts), key=lambda n: counts[n])
 
     def under_replicated(self, topics: Iterable[str] | None = None) -> list[tuple[str, int]]:
-        """Partitions of ``topics`` (every topic by default) whose in-sync replicas are fewer than replicas."""
+        """Partitions of ``topics`` (every topic by default) with fewer replicas in sync than assigned."""
         meta = self.admin().list_topics(timeout=10)
         wanted = None if topics is None else set(topics)
         return sorted(

@@ -1,4 +1,4 @@
-"""Loopback ports and the first answer of a Kafka API: what every local broker needs before clients connect."""
+"""Loopback ports and the first answer of a Kafka API: what a local broker needs before clients connect."""
 
 from __future__ import annotations
 

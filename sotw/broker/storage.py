@@ -1,8 +1,8 @@
 """The directory a local Kafka broker owns: one ``node-N`` per node and a note of the cluster it belongs to.
 
-Kafka refuses to start on a log directory formatted for another cluster id, deep in its log. ``DataDir`` keeps the
-cluster id and node count in ``sotw-kafka.json`` and checks every node's ``meta.properties`` against it before
-any JVM starts, so a reused directory either comes back with its data or is refused with the reason.
+Kafka refuses to start on a log directory formatted for another cluster id, deep in its log. ``DataDir`` keeps
+the cluster id and node count in ``sotw-kafka.json`` and checks every node's ``meta.properties`` against it
+before any JVM starts, so a reused directory either comes back with its data or is refused with the reason.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A real run of the whole system: a local Kafka broker, pipeline subprocess, simulator, verdict and report."""
+"""A real run of the whole system: a local Kafka broker, the pipeline, the simulator, verdict and report."""
 
 from __future__ import annotations
 

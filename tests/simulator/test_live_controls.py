@@ -1,4 +1,4 @@
-"""Live controls the game-day incidents use: a sensor storm, and topics made again after the broker lost its data."""
+"""Live controls the game-day incidents use: a sensor storm, and topics made again after a data loss."""
 
 from __future__ import annotations
 
