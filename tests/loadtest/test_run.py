@@ -58,7 +58,7 @@ def test_a_run_on_spark_s_kafka_connector_killed_mid_run_passes_with_its_lag_fro
     on_spark = dataclasses.replace(
         smoke,
         pipeline=dataclasses.replace(smoke.pipeline, source="spark-kafka"),
-        run=dataclasses.replace(smoke.run, steady_s=12.0),
+        run=dataclasses.replace(smoke.run, steady_s=16.0),
     )
     kill = incident_from_mapping({"kind": "pipeline_kill", "at_s": 3, "restart_after_s": 2}, "test")
     result = execute(RunRequest(on_spark, 1.0, tmp_path / "run", kafka, incidents=(kill,)))
