@@ -112,6 +112,7 @@ def test_strict_stops_at_the_same_message_on_both_sources(spark, kafka, simulate
     assert messages[0] == messages[1] and "strict policy: gap in session" in messages[0]
 
 
+@pytest.mark.slow  # make test kills spark-kafka in a verified run (tests/loadtest/test_run.py); this compares rows
 def test_a_killed_pipeline_on_spark_s_connector_restarts_without_losing_or_repeating_output(
     spark, kafka, simulate, tmp_path
 ):
