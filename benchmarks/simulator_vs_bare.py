@@ -276,6 +276,24 @@ def simulator(kafka: KafkaConfig, prefix: str, sensors: int, partitions: int, ro
     }
 
 
+def plant_slowdown(fraction: float) -> None:
+    """Make the simulator's sending ``fraction`` slower (a planted regression): each stretch of updates it sends
+    is followed by a busy wait that makes its time ``1 / (1 - fraction)`` of what it was.
+    """
+    from simulator.sender import Sender
+
+    send = Sender.send_stretch
+
+    def slower(self: Sender, *args: Any, **kwargs: Any) -> None:
+        start = time.perf_counter()
+        send(self, *args, **kwargs)
+        until = time.perf_counter() + (time.perf_counter() - start) * fraction / (1.0 - fraction)
+        while time.perf_counter() < until:
+            pass
+
+    Sender.send_stretch = slower  # type: ignore[method-assign]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -288,7 +306,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--partitions", type=int, default=3)
     parser.add_argument("--rows", type=int, default=200)
     parser.add_argument("--json", type=Path, default=Path("runs/bench-simulator-vs-bare.json"))
+    # The nightly gate's self-test: the simulator's sending made this fraction slower (0.25: 25 % slower).
+    parser.add_argument("--plant-slowdown", type=float, default=0.0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.plant_slowdown > 0:
+        plant_slowdown(args.plant_slowdown)
     # Import what the simulator's set-up imports lazily (Arrow compute pulls in pandas: ~1 s of CPU), so the
     # CPU-per-message figures measure publishing, not the first run's imports.
     import pyarrow.compute as pc

@@ -54,6 +54,8 @@ def _parser(command: str) -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=float, default=None, help="override the profile's warm-up seconds")
     p.add_argument("--steady", type=float, default=None, help="override the profile's steady-phase seconds")
     p.add_argument("--policy", default=None, help="override the profile's integrity policy")
+    # The nightly gate's self-test: sotw pipeline's micro-batches each wait this long (a planted regression).
+    p.add_argument("--plant-batch-delay", type=float, default=0.0, help=argparse.SUPPRESS)
     p.add_argument(
         "--master",
         default=None,
@@ -349,9 +351,11 @@ def main(argv: Sequence[str]) -> int:
     root = args.run_dir or Path("runs") / f"{command}-{time.strftime('%Y%m%d-%H%M%S')}"
     stop = _stop_on_signals()
     cmdline = "sotw " + shlex.join([command, *rest])
+    planted = ("--batch-delay", f"{args.plant_batch_delay:g}") if args.plant_batch_delay > 0 else ()
     if command == "run":
         factor = parse_load(args.load)
-        result = execute(RunRequest(profile, factor, root, kafka, command=cmdline, job=job), stop, _say)
+        request = RunRequest(profile, factor, root, kafka, command=cmdline, job=job, pipeline_args=planted)
+        result = execute(request, stop, _say)
         return _finish([result], root, "report")
     if command == "bench":
         results = []
@@ -361,7 +365,15 @@ def main(argv: Sequence[str]) -> int:
             _say(f"bench: {factor:g}x")
             results.append(
                 execute(
-                    RunRequest(profile, factor, root / f"{factor:g}x", kafka, command=cmdline, job=job),
+                    RunRequest(
+                        profile,
+                        factor,
+                        root / f"{factor:g}x",
+                        kafka,
+                        command=cmdline,
+                        job=job,
+                        pipeline_args=planted,
+                    ),
                     stop,
                     _say,
                 )

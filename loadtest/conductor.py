@@ -13,7 +13,10 @@ incidents, verdict) when Locust starts, and for each Locust run:
   settle, verify and write the verdict, and judges the run by the ``--check-*`` thresholds.
 
 It runs on Locust's gevent and does nothing heavy itself: everything it waits for, it waits for as a
-greenlet.
+greenlet, and none of Locust's events waits in its listeners (``test_start`` asks the harness for a run and
+returns; after Stop the verification goes on in a greenlet while Locust's runner is already STOPPED, and
+``RunView.progress`` says how far it is). A Start while the last run is still being verified is refused
+(``start_refusal``): the verdict of a run comes before the next run's load.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from typing import Any
 
 import gevent
 from gevent.event import AsyncResult, Event
+from locust.runners import STATE_RUNNING, STATE_SPAWNING
 
 from loadtest.driver import ProcessSide
 from loadtest.errors import HarnessError
@@ -136,6 +140,32 @@ class RunView:
     finished: Event = field(default_factory=Event)
     verdict: dict[str, Any] = field(default_factory=dict)
     gate_failures: list[str] = field(default_factory=list)
+    stopped_ms: int | None = None  # when Locust stopped the run: its verification begins
+    # The verification's step after the stop, as the conductor and the harness report it.
+    progress: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None  # why the verification ended without a verdict
+
+    def note_progress(self, step: str, detail: str, **fields: Any) -> None:
+        """The verification after the stop is at ``step`` (``detail`` says what it does there, in words)."""
+        self.progress = {"step": step, "detail": detail, "at_ms": int(time.time() * 1000), **fields}
+
+    def verification(self) -> dict[str, Any]:
+        """What the UI shows of the verification after the stop: its state, step, detail and timing."""
+        if self.stopped_ms is None:
+            state = "not stopped"
+        elif self.error is not None:
+            state = "failed"
+        elif self.verdict.get("verdict"):
+            state = "done"
+        else:
+            state = "running"
+        now = int(time.time() * 1000)
+        return {
+            "state": state,
+            **self.progress,
+            "since_stop_s": (now - self.stopped_ms) / 1000.0 if self.stopped_ms is not None else None,
+            "error": self.error,
+        }
 
 
 class Conductor:
@@ -169,7 +199,9 @@ class Conductor:
         self.results: Results | None = None
         self.parts: dict[str, Part] = {}
         self.log: deque[str] = deque(maxlen=100)
-        self._run_started = AsyncResult()
+        #: The harness's answer to the last ``begin``: the run's view, or the error that refused it.
+        self._announced: AsyncResult = AsyncResult()
+        self._announced.set(None)
         self._forwarder: gevent.Greenlet | None = None
 
     # ------------------------------------------------------------------------------------------- start
@@ -223,12 +255,16 @@ class Conductor:
             self.run = RunView(
                 int(event["index"]), str(event["run_dir"]), str(event["prefix"]), int(time.time() * 1000)
             )
-            self._run_started.set(event)
+            self._assign_all()
+            self._announced.set(self.run)
         elif kind == "phase" and run is not None:
             run.phase = str(event["name"])
             if run.phase == "steady":
                 run.steady_started = time.monotonic()
             self.say(f"run {run.index}: {run.phase}")
+        elif kind == "progress" and run is not None:
+            fields = {k: v for k, v in event.items() if k not in ("event", "step", "detail")}
+            run.note_progress(str(event.get("step")), str(event.get("detail") or ""), **fields)
         elif kind == "sample" and run is not None:
             run.samples.append(dict(event["row"]))
             run.topics = list(event.get("topics") or [])
@@ -245,10 +281,18 @@ class Conductor:
         elif kind == "results" and run is not None:
             self._on_results(event)
         elif kind == "error":
-            self.say(f"harness error: {event.get('message')}")
+            message = str(event.get("message"))
+            self.say(f"harness error: {message}")
             if event.get("fatal") and not self.ready.ready():
-                self.ready.set_exception(HarnessError(str(event.get("message"))))
-            if run is not None and run.finishing and not run.finished.is_set():
+                self.ready.set_exception(HarnessError(message))
+            if event.get("op") == "begin" and not self._announced.ready():
+                self._announced.set_exception(HarnessError(message))
+                self.say("the run did not start: stopping Locust's users")
+                gevent.spawn(self.env.runner.stop)
+            elif event.get("op") == "finish" and run is not None and not run.finished.is_set():
+                # The verification failed: the UI says so (and why) instead of waiting for a verdict.
+                run.error = message
+                run.phase = "failed"
                 run.finished.set()
 
     def _end_runner(self) -> None:
@@ -272,21 +316,52 @@ class Conductor:
         for failure in run.gate_failures:
             self.say(f"threshold: {failure}")
         run.phase = "done"
+        run.note_progress("done", f"verdict {event.get('verdict')}")
         run.finished.set()
 
     # ------------------------------------------------------------------------------------------ a run
 
+    def start_refusal(self) -> str | None:
+        """Why a new run cannot start now (the last one has no verdict yet), or None if it can.
+
+        A start while Locust runs changes the running run's users (the UI's Edit): never refused.
+        """
+        runner = self.env.runner
+        if runner is not None and runner.state in (STATE_RUNNING, STATE_SPAWNING):
+            return None
+        if not self._announced.ready():
+            return "the last Start is still being set up by the harness; try again in a moment"
+        run = self.run
+        if run is None or run.finished.is_set():
+            return None
+        step = run.progress.get("step") or "stopping the simulators"
+        where = f"{step}: {run.progress['detail']}" if run.progress.get("detail") else step
+        return (
+            f"run {run.index} is still being verified after its stop ({where}); "
+            "start the next run once its verdict shows in the Correctness tab"
+        )
+
     def begin(self) -> None:
-        """A Locust run starts: a run directory from the harness, and sensors for every process."""
+        """A Locust run starts: ask the harness for a run directory and topics, and return at once.
+
+        The harness answers with a ``run`` event, which gives every process its sensors (users that start
+        before then join their process's simulator as it starts). Nothing here waits: this is Locust's
+        ``test_start`` listener, and a Stop must find the run started.
+        """
         if self.live is None:
             raise HarnessError("the harness is not running")
-        if self.run is not None and not self.run.finished.is_set():
-            self.say("the previous run is still finishing; its verdict comes first")
-            self.run.finished.wait(600)
-        self._run_started = AsyncResult()
+        refusal = self.start_refusal()
+        if refusal is not None:
+            # The UI's Start is refused before it gets here (loadtest.webui); any other start is stopped.
+            self.say(f"Start refused: {refusal}")
+            gevent.spawn(self.env.runner.stop)
+            return
         self.results = None
+        self._announced = AsyncResult()
         self.live.send("begin")
-        self._run_started.get(timeout=60)
+
+    def _assign_all(self) -> None:
+        """The harness announced a run: sensors for every process (this one, or every connected worker)."""
         assert self.run is not None
         self.parts = {}
         runner = self.env.runner
@@ -474,12 +549,26 @@ class Conductor:
     # ------------------------------------------------------------------------------------------- end
 
     def stopping(self) -> None:
-        """Locust is about to stop the users: the run's load is the one they made until now."""
-        if self.live is not None and self.run is not None and not self.run.finishing:
+        """Locust is about to stop the users: the run's load is the one they made until now.
+
+        The harness takes its commands in order, so a run it has not announced yet gets this too.
+        """
+        pending = not self._announced.ready()
+        if self.live is not None and (pending or (self.run is not None and not self.run.finishing)):
             self.live.send("stopping")
 
     def finish(self, interrupted: bool = False, wait: bool = True) -> None:
-        """The run is over: stop the simulators, then drain, settle and verify (in the harness)."""
+        """The run is over: stop the simulators, then drain, settle and verify (in the harness).
+
+        With ``wait`` it returns once the verdict is in (a headless run's outputs need it); without, once
+        the harness has been told to verify, while ``RunView.progress`` follows it. Either way it runs in a
+        greenlet of its own or in a headless run's end, never while Locust's runner waits for it.
+        """
+        try:
+            self._announced.get(timeout=60)  # a run that was starting: its view first
+        except (HarnessError, gevent.Timeout):
+            self.say("the harness did not start the run: there is nothing to verify")
+            return
         run = self.run
         if run is None or self.live is None:
             return
@@ -489,8 +578,13 @@ class Conductor:
             return
         self.stopping()
         run.finishing = True
+        run.stopped_ms = int(time.time() * 1000)
+        run.note_progress(
+            "stopping the simulators", "each closes its sessions, flushes and writes its ledger"
+        )
         self.say(f"run {run.index}: stopping the simulators")
         self._stop_parts()
+        run.note_progress("drain", "the simulators have stopped; the harness drains the pipeline")
         self.live.send("finish", interrupted=interrupted, command=self.settings.command)
         if wait:
             if not run.finished.wait(self._finish_limit()):
@@ -522,6 +616,10 @@ class Conductor:
 
     def quit(self) -> None:
         """Locust is quitting: finish a run still going, write sotw's outputs, set the exit code, stop the harness."""
+        try:
+            self._announced.get(timeout=60)  # a run that was starting is finished like any other
+        except (HarnessError, gevent.Timeout):
+            pass
         if self.run is not None and not self.run.finished.is_set():
             self.finish(interrupted=not self.run.finishing, wait=True)
         self.write_outputs()
@@ -590,6 +688,7 @@ class Conductor:
                 "correctness": run.correctness,
                 "faults": fault_rows(run.correctness, fleet["faults"]),
                 "verdict": run.verdict,
+                "verification": run.verification(),
                 "gate_failures": run.gate_failures,
             }
         return dict(plain(out))

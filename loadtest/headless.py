@@ -20,6 +20,17 @@ from loadtest.results import Results
 
 #: The process exit code of a run that broke a threshold (locust-plugins' checks use the same).
 EXIT_CODE = 3
+#: The verdict's correctness counts a run's outputs show (``--csv``, ``--html``, the UI's Correctness tab).
+CORRECTNESS_COUNTS = (
+    "sessions_expected",
+    "sessions_exact",
+    "sessions_exact_required",
+    "rows_expected",
+    "rows_written",
+    "rows_lost",
+    "rows_repeated",
+    "rows_unexpected",
+)
 
 
 @dataclass(frozen=True)
@@ -85,16 +96,7 @@ def summary_rows(results: Results) -> list[list[Any]]:
     c = results.correctness
     if c is not None:
         rows.append(["correct", "run", c.passed, ""])
-        for name in (
-            "sessions_expected",
-            "sessions_exact",
-            "sessions_exact_required",
-            "rows_expected",
-            "rows_written",
-            "rows_lost",
-            "rows_repeated",
-            "rows_unexpected",
-        ):
+        for name in CORRECTNESS_COUNTS:
             rows.append([name, "run", getattr(c, name), "sessions" if "sessions" in name else "rows"])
         rows += [[f"blame_{layer}", "run", n, "discrepancies"] for layer, n in sorted(c.blame.items())]
     rows += [[f.name, f.scope, f.value, f.unit] for f in results.summary]

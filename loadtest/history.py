@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from loadtest.errors import HarnessError
+from loadtest.figures import BATCH_STEP
+from loadtest.paired import PairedJudgement
 from loadtest.results import Results, _build, _plain
 
 HISTORY_SCHEMA = 1
@@ -112,11 +114,14 @@ class BenchmarkRun:
 
 @dataclass(frozen=True)
 class Entry:
-    """One night: the commit, the machine, the benchmarks run and their metrics.
+    """One night: the commit, the machine, the benchmarks run and their metrics, and its baseline's.
 
-    ``planted`` names a regression planted on purpose (the self-test's ``--batch-delay``): such a night is
-    compared like any other but never becomes part of a baseline. ``suite`` is the set's sizes (``full`` or
-    ``quick``): only nights of the same sizes are compared.
+    ``planted`` names a regression planted on purpose (the self-test's ``--plant-*``): such a night is
+    judged like any other but its commit never becomes a baseline. ``suite`` is the set's sizes (``full`` or
+    ``quick``): only nights of the same sizes are drawn together. ``baseline_commit`` and
+    ``baseline_metrics`` are the baseline measured side by side with the night (each metric's values paired
+    with the night's by repetition), ``paired`` the judgement of each metric on those pairs, and ``verdict``
+    the night's: ``pass``, ``regression`` or ``failed`` (a benchmark did not measure).
     """
 
     night: str
@@ -129,6 +134,10 @@ class Entry:
     planted: dict[str, str] = field(default_factory=dict)
     suite: str = "full"
     schema_version: int = HISTORY_SCHEMA
+    baseline_commit: str = ""
+    baseline_metrics: list[Metric] = field(default_factory=list)
+    paired: list[PairedJudgement] = field(default_factory=list)
+    verdict: str = ""
 
     def __post_init__(self) -> None:
         if self.schema_version != HISTORY_SCHEMA:
@@ -228,6 +237,13 @@ def metrics_from_results(prefix: str, runs: Sequence[Results]) -> list[Metric]:
             f"{prefix}.end_to_end_p99", "latency", "lower", values(lambda r: r.figure("end_to_end_p99")), "ms"
         ),
         Metric(
+            f"{prefix}.batch_duration",
+            "time",
+            "lower",
+            values(lambda r: r.figure(f"{BATCH_STEP}whole trigger")),
+            "ms",
+        ),
+        Metric(
             f"{prefix}.drain_time",
             "recovery",
             "lower",
@@ -253,9 +269,12 @@ def metrics_from_simulator_vs_bare(doc: Mapping[str, Any]) -> list[Metric]:
     """``benchmarks/simulator_vs_bare.py --json``: the simulator / bare producer ratio of each round."""
     bare = [float(b["rate"]) for b in doc["bare"]]
     sim = [float(s["updates_per_s"]) for s in doc["simulator"]]
+    cpu = [float(s["cpu_us_per_msg"]) for s in doc["simulator"]]
     return [
         Metric("simulator_vs_bare.ratio", "ratio", "higher", [s / b for s, b in zip(sim, bare, strict=True)]),
         Metric("simulator_vs_bare.simulator_rate", "throughput", "higher", sim, "msg/s"),
+        # CPU per message moves with the code, far less with the neighbours than a rate does.
+        Metric("simulator_vs_bare.simulator_cpu_per_msg", "time", "lower", cpu, "us"),
         Metric("simulator_vs_bare.bare_rate", "throughput", "higher", bare, "msg/s"),
     ]
 

@@ -15,9 +15,12 @@ goes on and gives the run's verdict at the end, with the same parts and rules as
 - at the end, the verifier over the whole run, ``loadtest.figures.results`` (the same figures and verdict
   as ``sotw run``), ``results.json`` and the report.
 
-Commands arrive as JSON lines on standard input (``begin``, ``fleet``, ``incident``, ``finish``, ``quit``) and
-events leave as JSON lines on standard output (``loadtest.lines``). It imports nothing from Locust: Kafka's
-clients, Spark and the samplers' threads need real threads, which Locust's gevent would replace.
+Commands arrive as JSON lines on standard input (``begin``, ``fleet``, ``incident``, ``stopping``, ``finish``,
+``quit``) and events leave as JSON lines on standard output (``loadtest.lines``). ``finish`` runs in a thread
+of its own (the commands keep flowing) and reports its steps as ``progress`` events, once a second while it
+waits (drain, settle), so the UI shows how far the verification after a stop is. It imports nothing from
+Locust: Kafka's clients, Spark and the samplers' threads need real threads, which Locust's gevent would
+replace.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +42,7 @@ from loadtest.errors import HarnessError
 from loadtest.expect import build_expectation, read_ledger, read_truth
 from loadtest.figures import Outcome
 from loadtest.fleetplan import LiveConfig
+from loadtest.headless import CORRECTNESS_COUNTS
 from loadtest.incidents import Incident, IncidentRecord, Schedule, incident_from_mapping
 from loadtest.lines import Events, commands
 from loadtest.liveverify import LiveVerifier
@@ -62,6 +66,8 @@ log = logging.getLogger(__name__)
 
 #: How much later than its session's end a late copy may still be sent, besides the longest delay (ms).
 LATE_MARGIN_MS = 2000
+#: How long a ``begin`` waits for the last run's verification thread to end (it sends the verdict last).
+FINISHER_GRACE_S = 10.0
 
 
 class FleetRelay:
@@ -194,8 +200,14 @@ def verify_locust_run(
     kafka: KafkaConfig,
     timeouts_expire: bool,
     pipeline_stopped: bool,
+    note: Callable[[str], None] | None = None,
 ) -> Correctness:
-    """``loadtest.verify.verify_run`` over the union of the run's parts, restricted to the run's topics."""
+    """``loadtest.verify.verify_run`` over the union of the run's parts, restricted to the run's topics.
+
+    ``note`` hears each step in words (the UI's progress).
+    """
+    say = note or (lambda _: None)
+    say("reading the ledger and the truth")
     ledger = read_ledger(run_dir)
     expectation = build_expectation(
         profile.pipeline.verifier_policy(timeouts_expire=timeouts_expire),
@@ -203,8 +215,20 @@ def verify_locust_run(
         read_truth(run_dir),
         read_snapshots(run_dir),
     )
+    say("reading the pipeline's output")
+    output = run_output(read_output(output_root), prefix)
+    say(f"checking {len(ledger):,} ledger rows against {len(output.changes):,} output rows, triage included")
     with Triager(ledger, kafka) as triager:
-        return verify(expectation, run_output(read_output(output_root), prefix), triager, pipeline_stopped)
+        return verify(expectation, output, triager, pipeline_stopped)
+
+
+def drain_detail(row: Mapping[str, Any], elapsed_s: float, limit_s: float) -> str:
+    """The drain's progress in words, from the sampler's last row."""
+    offsets, age = row.get("lag_offsets"), row.get("lag_age_s")
+    behind = "lag not measured yet" if offsets is None else f"{int(offsets):,} offsets behind"
+    if offsets and age is not None:
+        behind += f", the oldest {float(age):.1f} s old"
+    return f"{behind}; {elapsed_s:.0f} s of at most {limit_s:g} s"
 
 
 class Run:
@@ -379,6 +403,31 @@ class Run:
                 self.clock.enter("drain")
                 self.events.send("phase", name="drain", at_ms=int(time.time() * 1000))
 
+    def progress(self, step: str, detail: str, **fields: Any) -> None:
+        """Where the verification after the stop is (a ``progress`` event for the UI's Correctness tab)."""
+        self.events.send("progress", step=step, detail=detail, **fields)
+
+    @contextlib.contextmanager
+    def ticking(self, step: str, detail: Callable[[float], str], limit_s: float) -> Iterator[None]:
+        """A ``progress`` event for ``step`` once a second while the body runs (``detail`` of its seconds)."""
+        done = threading.Event()
+        begun = time.monotonic()
+
+        def tick() -> None:
+            while True:
+                elapsed = time.monotonic() - begun
+                self.progress(step, detail(elapsed), elapsed_s=round(elapsed, 1), limit_s=limit_s)
+                if done.wait(1.0):
+                    return
+
+        thread = threading.Thread(target=tick, name=f"sotw-live-{step}", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            done.set()
+            thread.join(2.0)
+
     def finish(self, interrupted: bool, command: str) -> Results:
         """Drain, settle, stop measuring, verify the whole run and write its results and report."""
         settings = self.profile.run
@@ -389,14 +438,29 @@ class Run:
         drain_s: float | None = None
         self.stop_load()
         if not interrupted and self.pipeline_failed is None and pipe is not None:
-            drain_s = _drain(self.sampler, pipe, settings.drain_max_s, self.stop)
+
+            def drained(elapsed: float) -> str:
+                rows = self.sampler.rows
+                return drain_detail(rows[-1] if rows else {}, elapsed, settings.drain_max_s)
+
+            with self.ticking("drain", drained, settings.drain_max_s):
+                drain_s = _drain(self.sampler, pipe, settings.drain_max_s, self.stop)
             interrupted = self.stop.is_set()
             if drain_s is not None and not interrupted:
                 self.clock.enter("settle")
                 self.events.send("phase", name="settle", at_ms=int(time.time() * 1000))
-                _settle(self.profile, pipe, self.stop)
+                p = self.profile.pipeline
+                settle_s = (p.session_timeout_ms + 3 * p.trigger_ms) / 1000.0
+
+                def settling(elapsed: float) -> str:
+                    left = max(0.0, settle_s - elapsed)
+                    return f"sessions the load left open time out in the pipeline: {left:.0f} s left"
+
+                with self.ticking("settle", settling, settle_s):
+                    _settle(self.profile, pipe, self.stop)
                 interrupted = self.stop.is_set()
         if self.verifier is not None:
+            self.progress("verify", "the live verifier's last pass (latency up to the end)")
             self.verify_now()  # the latency windows up to the end, for the UI and the CSV
         self.clock.close()
         self.sampler.stop()
@@ -418,6 +482,7 @@ class Run:
                 s.kafka,
                 timeouts_expire=not interrupted and drain_s is not None,
                 pipeline_stopped=self.pipeline_failed is not None,
+                note=lambda detail: self.progress("verify", detail),
             )
         else:
             correctness = Correctness(
@@ -457,9 +522,11 @@ class Run:
             data_loss_reports=_data_loss_reports(log_path),
             output_spec=OutputSpec(s.output) if s.output is not None else None,
         )
+        self.progress("report", "the figures, results.json and the report")
         results = figures.results(outcome)
         results.to_json(self.run_dir / "results.json")
         paths = write_report([results], self.run_dir, "report")
+        c = results.correctness
         self.events.send(
             "results",
             run_dir=str(self.run_dir),
@@ -467,6 +534,8 @@ class Run:
             report=str(paths.html),
             verdict=results.verdict.verdict,
             reasons=results.verdict.reasons,
+            # The final counts, for the UI's Correctness tab.
+            correctness={k: getattr(c, k) for k in ("passed", *CORRECTNESS_COUNTS)} if c is not None else {},
         )
         return results
 
@@ -543,8 +612,15 @@ class Session:
         )
 
     def begin(self) -> None:
-        """Start the next run."""
-        if self.finisher is not None and self.finisher.is_alive():
+        """Start the next run.
+
+        The Locust side starts one only after the last run's verdict, which that run's thread sends last: it
+        is given a moment to end rather than refusing a start that came right after the verdict.
+        """
+        finisher = self.finisher
+        if finisher is not None:
+            finisher.join(FINISHER_GRACE_S)
+        if finisher is not None and finisher.is_alive():
             raise HarnessError(
                 "the previous run is still being verified; start again once it has its verdict"
             )
@@ -585,7 +661,7 @@ class Session:
             run.finish(interrupted, command)
         except Exception as exc:
             log.exception("the run's verdict failed")
-            self.events.send("error", message=f"the run's verdict failed: {exc}", fatal=False)
+            self.events.send("error", message=f"the run's verdict failed: {exc}", fatal=False, op="finish")
         finally:
             self.finisher = None
 
@@ -619,7 +695,8 @@ def serve(config: LiveConfig, events: Events, stream: Any = None) -> int:
                 if not session.handle(command):
                     break
             except (SotwError, KeyError, TypeError, ValueError) as exc:
-                events.send("error", message=f"{command.get('op')}: {exc}", fatal=False)
+                op = command.get("op")
+                events.send("error", message=f"{op}: {exc}", fatal=False, op=op)
     except SotwError as exc:
         events.send("error", message=str(exc), fatal=True)
         return 1

@@ -351,6 +351,10 @@ def _conductor(environment: Any, runner: Any, web_ui: Any) -> None:
         environment.events.worker_connect.add_listener(
             lambda client_id, **_: conductor.worker_joined(client_id)
         )
+    # Locust runs these listeners inside its runner's start and stop (the runner stays SPAWNING, CLEANUP or
+    # STOPPING until they return), so none of them waits: begin only asks the harness for a run, stopping
+    # only tells it, and in the UI the verification after a stop goes on in a greenlet of its own while the
+    # runner is already STOPPED (its progress and verdict show in the Correctness tab).
     environment.events.test_start.add_listener(lambda **_: conductor.begin())
     environment.events.test_stopping.add_listener(lambda **_: conductor.stopping())
 

@@ -1,8 +1,9 @@
 """The nightly benchmark's trend page: one chart per headline metric over nights and commits, regressions marked.
 
-Each night is judged against its own baseline (the nights before it, as ``sotw nightly`` judged it), so a
-regression stays marked on the night it appeared. The page is one self-contained HTML file with the charts
-embedded, like the load-test report.
+Each night was judged against the baseline measured beside it (``sotw nightly``), and the judgement is in its
+history entry, so a regression stays marked on the night it appeared. The charts show the record over time:
+each night's candidate and its baseline. The page is one self-contained HTML file with the charts embedded,
+like the load-test report.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from loadtest.history import Comparison, Entry, Thresholds, baseline_of, compare, comparison_rows
+from loadtest.history import Entry
 from loadtest.report import _CSS, _html_table, _png
 
 MICRO = "micro."
@@ -33,17 +34,17 @@ def headline_names(history: Sequence[Entry]) -> list[str]:
     return names
 
 
-def judged(history: Sequence[Entry], nights: int, thresholds: Thresholds | None = None) -> list[Comparison]:
-    """Every night against its own baseline."""
-    return [compare(e, baseline_of(e, history, nights), thresholds) for e in history]
+def regressed(entry: Entry, name: str) -> bool:
+    """Whether the night judged ``name`` a regression against its baseline."""
+    return any(j.name == name and j.status == "regression" for j in entry.paired)
 
 
-def chart_metric(name: str, history: Sequence[Entry], comparisons: Sequence[Comparison]) -> bytes:
-    """One metric's median per night with its spread, the regressions in red."""
+def chart_metric(name: str, history: Sequence[Entry]) -> bytes:
+    """One metric's median per night with its spread, beside its baseline's; the regressions in red."""
     fig = Figure(figsize=(9, 2.8))
     ax = fig.subplots()
-    xs, ys, errs, bad, unit = [], [], [], [], ""
-    for i, (entry, comparison) in enumerate(zip(history, comparisons, strict=True)):
+    xs, ys, errs, bad, base, unit = [], [], [], [], [], ""
+    for i, entry in enumerate(history):
         metric = entry.metric(name)
         if metric is None or not math.isfinite(metric.median):
             continue
@@ -51,11 +52,18 @@ def chart_metric(name: str, history: Sequence[Entry], comparisons: Sequence[Comp
         xs.append(i)
         ys.append(metric.median)
         errs.append(metric.spread)
-        if any(j.name == name and j.status == "regression" for j in comparison.judgements):
+        if regressed(entry, name):
             bad.append((i, metric.median))
+        theirs = next((m for m in entry.baseline_metrics if m.name == name), None)
+        if theirs is not None and math.isfinite(theirs.median):
+            base.append((i, theirs.median))
     ax.errorbar(
-        xs, ys, yerr=errs, fmt="o-", color="#1f77b4", capsize=3, label="median of the night (+/- spread)"
+        xs, ys, yerr=errs, fmt="o-", color="#1f77b4", capsize=3, label="candidate: median (+/- spread)"
     )
+    if base:
+        ax.plot(
+            [b[0] for b in base], [b[1] for b in base], "s", color="grey", alpha=0.7, label="its baseline"
+        )
     if bad:
         ax.scatter(
             [b[0] for b in bad], [b[1] for b in bad], s=120, color="#d62728", zorder=5, label="regression"
@@ -96,9 +104,10 @@ def chart_micro(history: Sequence[Entry]) -> bytes | None:
     return _png(fig)
 
 
-def render_trend(history: Sequence[Entry], nights: int, thresholds: Thresholds | None = None) -> str:
+def render_trend(history: Sequence[Entry]) -> str:
     """The trend page as one HTML document."""
-    comparisons = judged(history, nights, thresholds)
+    from loadtest.nightly import comparison_rows
+
     parts = [
         f"<!doctype html><html><head><meta charset='utf-8'><title>sotw nightly trend</title>"
         f"<style>{_CSS}</style></head><body>",
@@ -107,19 +116,18 @@ def render_trend(history: Sequence[Entry], nights: int, thresholds: Thresholds |
     if not history:
         parts += ["<p>No nights recorded yet.</p></body></html>"]
         return "\n".join(parts)
-    last, latest = history[-1], comparisons[-1]
-    state = "FAIL" if latest.regressions else "PASS"
+    last = history[-1]
+    regressions = [j for j in last.paired if j.status == "regression"]
+    state = "PASS" if last.verdict in ("pass", "") and not regressions else "FAIL"
     parts += [
-        f"<p><span class='{state}'>{state}</span> latest night <b>{html.escape(last.label)}</b> against "
-        f"{len(latest.baseline_nights)} baseline night(s); machine: "
+        f"<p><span class='{state}'>{state}</span> latest night <b>{html.escape(last.label)}</b> against its "
+        f"baseline {html.escape(last.baseline_commit[:10] or '-')}, measured side by side; machine: "
         f"{html.escape(', '.join(f'{k} {v}' for k, v in last.machine.items()))}</p>",
     ]
-    if latest.regressions:
-        parts.append(
-            "<ul>" + "".join(f"<li>{html.escape(j.sentence())}</li>" for j in latest.regressions) + "</ul>"
-        )
-    parts += ["<h2>Latest night against its baseline</h2>", _html_table(comparison_rows(latest))]
-    images = [(name, chart_metric(name, history, comparisons)) for name in headline_names(history)]
+    if regressions:
+        parts.append("<ul>" + "".join(f"<li>{html.escape(j.sentence())}</li>" for j in regressions) + "</ul>")
+    parts += ["<h2>Latest night: candidate against baseline</h2>", _html_table(comparison_rows(last))]
+    images = [(name, chart_metric(name, history)) for name in headline_names(history)]
     micro = chart_micro(history)
     if micro is not None:
         images.append(("micro benchmarks", micro))
@@ -127,22 +135,27 @@ def render_trend(history: Sequence[Entry], nights: int, thresholds: Thresholds |
         data = base64.b64encode(png).decode("ascii")
         parts.append(f"<figure><img alt='{html.escape(title)}' src='data:image/png;base64,{data}'></figure>")
     rows = [
-        [e.label, e.branch, "yes: " + ", ".join(f"{k}={v}" for k, v in e.planted.items()) if e.planted else "",
-         str(len(c.regressions)), ", ".join(f"{b.name} {b.exit_code}" for b in e.benchmarks if b.exit_code)]
-        for e, c in zip(history, comparisons, strict=True)
+        [e.label, e.branch, e.baseline_commit[:10], e.verdict or "-",
+         "yes: " + ", ".join(f"{k}={v}" for k, v in e.planted.items()) if e.planted else "",
+         ", ".join(j.name for j in e.paired if j.status == "regression"),
+         ", ".join(f"{b.name} {b.exit_code}" for b in e.benchmarks if b.exit_code)]
+        for e in history
     ]  # fmt: skip
-    parts += [
-        "<h2>Nights</h2>",
-        _html_table((["night", "branch", "planted", "regressions", "failed benchmarks"], rows)),
-        "</body></html>",
+    head = [
+        "night",
+        "branch",
+        "baseline",
+        "verdict",
+        "planted",
+        "regressions",
+        "benchmarks that exited non-zero",
     ]
+    parts += ["<h2>Nights</h2>", _html_table((head, rows)), "</body></html>"]
     return "\n".join(parts)
 
 
-def write_trend(
-    history: Sequence[Entry], path: Path, nights: int, thresholds: Thresholds | None = None
-) -> Path:
+def write_trend(history: Sequence[Entry], path: Path) -> Path:
     """Write the trend page to ``path``; return it."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render_trend(history, nights, thresholds), encoding="utf-8")
+    path.write_text(render_trend(history), encoding="utf-8")
     return path

@@ -9,10 +9,23 @@ Two extension points of Locust's UI (``locust/web.py``; the ``extend_web_ui`` ex
 - **Routes** on ``environment.web_ui.app``: ``/sotw/`` is the panel (lag, latency and batch charts over time,
   the correctness summary, fault-rate controls and incident buttons), which a button on Locust's own page
   opens beside it; ``/sotw/state`` is its data, ``/sotw/faults`` and ``/sotw/incident`` its controls, and
-  ``/sotw/*.csv`` the downloads listed in Locust's Download Data tab.
+  ``/sotw/*.csv`` the downloads listed in Locust's Download Data tab. ``/sotw/correctness`` is the
+  Correctness tab's rows now, with the verification after Stop and the verdict: Locust's UI stops polling
+  its statistics (and so the tabs) once the runner is STOPPED, so a script on Locust's page
+  (``webui/correctness.js``) shows these rows in the tab until a run starts again.
 
 Every route goes through ``web_ui.auth_required_if_enabled``, so ``--web-login`` guards them as it guards the
 rest of Locust's UI.
+
+Two hooks on Locust's own routes keep Stop and Start honest:
+
+- ``/stats/requests`` carries the runner's state as it is when the poll is answered, and a poll that comes
+  while a stop goes on (CLEANUP, or STOPPING on a master) is answered once it is over. Locust's UI polls only
+  while it reads SPAWNING or RUNNING: one poll that read CLEANUP left it showing CLEANUP, its Stop button
+  loading, long after the runner had stopped (upstream: locustio/locust issues 2430 and 2400), and Locust
+  caches that response for 2 s (longer after a slow one), so a poll could read CLEANUP after the stop.
+- ``/swarm`` refuses a Start, with the reason in the start form, while the last run is still being verified
+  (``Conductor.start_refusal``).
 """
 
 from __future__ import annotations
@@ -25,13 +38,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import gevent
 from flask import Blueprint, Response, jsonify, make_response, request
+from locust.runners import STATE_CLEANUP, STATE_STOPPING
 
 from loadtest.conductor import Conductor
 from loadtest.headless import summary_rows
 from sotw.errors import SotwError
 
 ASSETS = Path(__file__).with_name("webui")
+#: Runner states that last only while a stop goes on, and on which Locust's UI stops polling.
+PASSING_STATES = (STATE_CLEANUP, STATE_STOPPING)
+#: How long a poll of ``/stats/requests`` waits for the runner to leave them.
+PASSING_WAIT_S = 10.0
 _TYPES = {".js": "application/javascript", ".css": "text/css", ".html": "text/html"}
 
 TABS = [
@@ -157,14 +176,31 @@ def tab_rows(state: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
+def verification_text(verification: dict[str, Any]) -> str:
+    """The verification after a stop in words: its step, what it does there, and how long since the stop."""
+    if verification.get("state") == "failed":
+        return f"failed: {verification.get('error')}"
+    step, detail = verification.get("step") or "", verification.get("detail") or ""
+    since = verification.get("since_stop_s")
+    text = f"{step}: {detail}" if detail else step
+    return f"{text} ({since:.0f} s since Stop)" if since is not None else text
+
+
 def correctness_rows(state: dict[str, Any]) -> list[dict[str, Any]]:
-    """The correctness tab: the verdict so far, then the final one once the run has it."""
+    """The correctness tab: the verdict so far, the verification's progress after Stop, the final verdict."""
     run = state.get("run") or {}
     c = run.get("correctness") or {}
     verdict = run.get("verdict") or {}
-    rows = [
-        ("phase", run.get("phase", "no run yet")),
-        ("verdict (final)", verdict.get("verdict", "after the run")),
+    verification = run.get("verification") or {}
+    final = verdict.get("verdict")
+    if not final:
+        final = {"running": "being verified", "failed": "none: the verification failed"}.get(
+            verification.get("state", ""), "after the run"
+        )
+    rows = [("phase", run.get("phase", "no run yet")), ("verdict (final)", final)]
+    if verification.get("state") in ("running", "failed"):
+        rows.append(("verification after Stop", verification_text(verification)))
+    rows += [
         ("so far", "correct" if c.get("passed", True) else "NOT correct"),
         ("sessions closed by the simulators", c.get("sessions_closed", 0)),
         ("sessions verified", c.get("sessions_verified", 0)),
@@ -187,8 +223,31 @@ def correctness_rows(state: dict[str, Any]) -> list[dict[str, Any]]:
         for k, n in sorted((c.get("discrepancy_counts") or {}).items())
     ]
     rows += [(f"blame: {layer}", n) for layer, n in sorted((c.get("blame") or {}).items())]
+    final = verdict.get("correctness") or {}
+    if final:
+        rows += [
+            ("final: correct", "yes" if final.get("passed") else "NO"),
+            ("final: sessions verified", final.get("sessions_expected", 0)),
+            (
+                "final: rows lost / repeated / unexpected",
+                " / ".join(str(final.get(k, 0)) for k in ("rows_lost", "rows_repeated", "rows_unexpected")),
+            ),
+        ]
     rows += [("reason", r) for r in verdict.get("reasons", [])]
+    if verdict.get("report"):
+        rows.append(("report", verdict["report"]))
     return [{"name": name, "value": value} for name, value in rows]
+
+
+def settled_state(runner: Any, limit_s: float = PASSING_WAIT_S) -> str:
+    """The runner's state once a stop going on is over (at most ``limit_s`` seconds from now).
+
+    It waits as a greenlet, so the stop it waits for goes on meanwhile.
+    """
+    deadline = time.monotonic() + limit_s
+    while runner.state in PASSING_STATES and time.monotonic() < deadline:
+        gevent.sleep(0.05)
+    return str(runner.state)
 
 
 def _csv(rows: list[list[Any]], header: list[str], name: str) -> Response:
@@ -222,6 +281,21 @@ def install(web_ui: Any, conductor: Conductor, base_path: str = "") -> None:
     @auth
     def state() -> Response:
         return jsonify(conductor.state())
+
+    @bp.route("/correctness")
+    @auth
+    def correctness() -> Response:
+        now = conductor.state()
+        run = now.get("run") or {}
+        runner = conductor.env.runner
+        return jsonify(
+            {
+                "runner_state": runner.state if runner is not None else None,
+                "rows": correctness_rows(now),
+                "verification": run.get("verification"),
+                "verdict": run.get("verdict"),
+            }
+        )
 
     @bp.route("/faults", methods=["POST"])
     @auth
@@ -266,14 +340,32 @@ def install(web_ui: Any, conductor: Conductor, base_path: str = "") -> None:
 
     web_ui.app.register_blueprint(bp)
 
+    def refuse_a_start_while_verifying() -> Response | None:
+        if request.endpoint != "locust.swarm" or request.method != "POST":
+            return None
+        refusal = conductor.start_refusal()
+        if refusal is None:
+            return None
+        # Locust's start form shows a refused start's message (its own refusals have this shape).
+        return jsonify({"success": False, "message": f"sotw: {refusal}", "host": conductor.env.host})
+
+    web_ui.app.before_request(refuse_a_start_while_verifying)
+
     def extend(response: Response) -> Response:
         if request.path == f"{base_path}/stats/requests" and response.is_json:
+            runner = conductor.env.runner
+            state = settled_state(runner) if runner is not None else None
             data = response.get_json()
             data["extended_stats"] = tab_rows(conductor.state())
+            if runner is not None:  # now, not when Locust cached the rest of the response
+                data["state"], data["user_count"] = state, runner.user_count
             response.set_data(json.dumps(data))
         elif request.endpoint == "locust.index" and response.mimetype == "text/html":
             text = response.get_data(as_text=True)
-            tag = f'<script src="{base_path}/sotw/static/button.js" defer></script>'
+            tag = "".join(
+                f'<script src="{base_path}/sotw/static/{name}" defer></script>'
+                for name in ("button.js", "correctness.js")
+            )
             at = text.rfind("</body>")
             if at >= 0:
                 response.set_data(text[:at] + tag + text[at:])

@@ -100,7 +100,10 @@ class Fleet:
     rng
         The run's generator (shared with the producer loop, so the order of draws is fixed).
     run_id
-        Mixed with the seed into every session id, so ids are unique across runs.
+        Mixed with the seed and the topic prefix into every session id, so ids are unique across runs: two
+        runs whose directories share a name (the parts of successive Locust runs, ``parts/local``) write to
+        topics of their own, and a pipeline that keys state by session must not take one's sessions for the
+        other's.
     ledger
         Registers each new session (its code, FIFO and delivery callback).
     """
@@ -111,7 +114,7 @@ class Fleet:
         self.config = config
         self.rng = rng
         self.ledger = ledger
-        self.token = hashlib.sha256(f"{config.seed}/{run_id}".encode()).hexdigest()[:12]
+        self.token = hashlib.sha256(f"{config.seed}/{run_id}/{config.topic_prefix}".encode()).hexdigest()[:12]
         self.fake = Faker()
         self.fake.seed_instance(int(rng.integers(2**31)))
         #: Every sensor's table, in one store so that a block of updates is applied to all at once.

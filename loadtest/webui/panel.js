@@ -58,7 +58,17 @@
     var verdict = run.verdict || {};
     var v = $("sotw-verdict");
     v.className = "verdict " + (verdict.verdict || "");
-    v.textContent = verdict.verdict ? "Verdict: " + verdict.verdict + (verdict.reasons && verdict.reasons.length ? ": " + verdict.reasons.join("; ") : "") + " (report: " + verdict.report + ")" : "";
+    var check = run.verification || {};
+    if (verdict.verdict) {
+      v.textContent = "Verdict: " + verdict.verdict + (verdict.reasons && verdict.reasons.length ? ": " + verdict.reasons.join("; ") : "") + " (report: " + verdict.report + ")";
+    } else if (check.state === "running") {
+      v.textContent = "Being verified after Stop: " + check.step + (check.detail ? ": " + check.detail : "") + " (" + fmt(check.since_stop_s, 0) + " s since Stop)";
+    } else if (check.state === "failed") {
+      v.className = "verdict FAIL";
+      v.textContent = "The verification failed: " + check.error;
+    } else {
+      v.textContent = "";
+    }
 
     $("sotw-lag-age").textContent = fmt(last.lag_age_s);
     $("sotw-lag-offsets").textContent = fmt(last.lag_offsets, 0);

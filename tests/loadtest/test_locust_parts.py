@@ -1,22 +1,29 @@
-"""The Locust side's small parts: shapes, users to load, aggregated request events, the UI's login guard."""
+"""The Locust side's small parts: shapes, users to load, aggregated request events, the UI's login guard.
+
+And Stop's: a Start refused while a run is being verified, the runner's state as the UI polls it during a
+stop, and the verification's progress in the Correctness tab.
+"""
 
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
+import gevent
 import pytest
-from locust import events
+from locust import User, constant, events, task
 from locust.env import Environment
 
-from loadtest.conductor import Conductor, LocustSettings
+from loadtest.conductor import Conductor, LocustSettings, RunView
 from loadtest.driver import ACK_NAME, REQUEST_TYPE, count_aggregated, fire_acks
 from loadtest.errors import HarnessError
 from loadtest.fleetplan import LiveConfig, part_config, process_factor, users_for
 from loadtest.locustfile import SensorLoad
 from loadtest.profile import load_profile
 from loadtest.shapes import make_shape
-from loadtest.webui import install
+from loadtest.webui import correctness_rows, install
 
 
 def test_step_climbs_from_1x_to_10x_in_equal_stages_then_ends() -> None:
@@ -84,3 +91,106 @@ def test_sotw_routes_ask_for_a_login_when_locust_runs_with_web_login(
         assert client.post("/sotw/faults", json={"gap": 0.5}).status_code == 302
     finally:
         env.runner.quit()  # the UI's server never served: the test client calls the app directly
+
+
+def _ui(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Environment, Any, Conductor]:
+    """Locust's UI with sotw's routes and a conductor without a harness (the tests set its run by hand)."""
+    monkeypatch.setattr(sys, "argv", ["locust"])
+    env = Environment(user_classes=[SensorLoad], events=events)
+    env.create_local_runner()
+    web_ui = env.create_web_ui("127.0.0.1", 0)
+    conductor = Conductor(env, LocustSettings(LiveConfig(str(tmp_path), "smoke")), None, None)
+    install(web_ui, conductor)
+    return env, web_ui, conductor
+
+
+def test_a_start_while_the_last_run_is_being_verified_is_refused_naming_where_the_verification_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env, web_ui, conductor = _ui(tmp_path, monkeypatch)
+    run = RunView(1, str(tmp_path / "run-1"), "p-run-1-", 0, finishing=True, stopped_ms=0)
+    run.note_progress("settle", "sessions the load left open time out in the pipeline: 12 s left")
+    conductor.run = run
+    try:
+        reply = web_ui.app.test_client().post("/swarm", data={"user_count": 8, "spawn_rate": 8}).get_json()
+        assert reply["success"] is False
+        assert "run 1 is still being verified after its stop (settle: " in reply["message"]
+        assert env.runner.state == "ready", "Locust never started the run"
+        env.runner.update_state("running")
+        assert conductor.start_refusal() is None, "the UI's Edit of a running run's users is no new run"
+        env.runner.update_state("stopped")
+        run.finished.set()
+        assert conductor.start_refusal() is None
+    finally:
+        env.runner.quit()
+
+
+def test_the_ui_polls_the_runners_state_as_it_is_not_as_locust_cached_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env, web_ui, _ = _ui(tmp_path, monkeypatch)
+    client = web_ui.app.test_client()
+    try:
+        assert client.get("/stats/requests").get_json()["state"] == "ready"
+        env.runner.update_state("stopped")  # within Locust's 2 s cache of the response
+        assert client.get("/stats/requests").get_json()["state"] == "stopped"
+    finally:
+        env.runner.quit()
+
+
+def shown(run: RunView) -> dict[str, Any]:
+    """The Correctness tab's rows for ``run``, as the UI gets them (``Conductor.state``'s run)."""
+    view = {"phase": run.phase, "verification": run.verification(), "verdict": run.verdict}
+    return {r["name"]: r["value"] for r in correctness_rows({"run": view})}
+
+
+def test_the_correctness_tab_follows_the_verification_after_stop_to_its_verdict() -> None:
+    run = RunView(2, "run-2", "p-run-2-", 0)
+    assert shown(run)["verdict (final)"] == "after the run" and "verification after Stop" not in shown(run)
+    run.finishing, run.stopped_ms = True, int(time.time() * 1000) - 3000
+    run.note_progress("drain", "1,234 offsets behind; 2 s of at most 60 s")
+    assert shown(run)["verdict (final)"] == "being verified"
+    assert shown(run)["verification after Stop"] == (
+        "drain: 1,234 offsets behind; 2 s of at most 60 s (3 s since Stop)"
+    )
+    run.verdict = {"verdict": "PASS", "reasons": []}
+    assert shown(run)["verdict (final)"] == "PASS" and "verification after Stop" not in shown(run)
+    failed = RunView(3, "run-3", "p-run-3-", 0, stopped_ms=0, error="the run's verdict failed: disk full")
+    assert shown(failed)["verdict (final)"] == "none: the verification failed"
+    assert shown(failed)["verification after Stop"] == "failed: the run's verdict failed: disk full"
+
+
+class SlowToStop(User):
+    """A user whose ``on_stop`` takes a second: Locust's runner stays in CLEANUP that long."""
+
+    wait_time = constant(1.0)
+
+    @task
+    def hold(self) -> None:
+        """Nothing to do."""
+
+    def on_stop(self) -> None:
+        """Take a second."""
+        gevent.sleep(1.0)
+
+
+def test_a_poll_that_comes_while_locust_stops_is_answered_once_the_runner_has_stopped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sys, "argv", ["locust"])
+    env = Environment(user_classes=[SlowToStop], events=events)
+    env.create_local_runner()
+    web_ui = env.create_web_ui("127.0.0.1", 0)
+    install(web_ui, Conductor(env, LocustSettings(LiveConfig(str(tmp_path), "smoke")), None, None))
+    try:
+        env.runner.start(2, spawn_rate=2)
+        while env.runner.user_count < 2:
+            gevent.sleep(0.05)
+        stopping = gevent.spawn(env.runner.stop)
+        while env.runner.state != "cleanup":
+            gevent.sleep(0.01)
+        # Locust's UI stops polling on any state but SPAWNING or RUNNING: CLEANUP would stay on screen.
+        assert web_ui.app.test_client().get("/stats/requests").get_json()["state"] == "stopped"
+        stopping.join(5)
+    finally:
+        env.runner.quit()

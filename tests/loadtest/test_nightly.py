@@ -12,6 +12,7 @@ from loadtest import compare as compare_cli
 from loadtest import nightly
 from loadtest.errors import HarnessError
 from loadtest.history import Entry, Metric, baseline_of, compare, load_history
+from loadtest.paired import judge_pair
 from loadtest.trend import write_trend
 
 REPO = Path(__file__).resolve().parents[2]
@@ -96,11 +97,67 @@ def test_entries_round_trip_and_a_file_of_another_version_is_refused(tmp_path):
 
 
 def test_the_trend_page_draws_one_chart_per_headline_metric_and_names_the_regression(tmp_path):
-    history = [night(1, [0.1, 0.11, 0.12], lag=[1, 1, 1]), night(2, [0.11, 0.1, 0.12], lag=[1, 2, 1])]
-    history.append(night(3, [0.02, 0.03, 0.02], lag=[1, 1, 2]))
-    page = write_trend(history, tmp_path / "trend.html", nights=7).read_text()
+    def paired(hour: int, ratio: list[float], base: list[float]) -> Entry:
+        judged = judge_pair("pipeline_vs_bare.ratio", "ratio", "higher", base, ratio)
+        lag = Metric("bench_1x.lag_age_p95", "lag", "lower", [1.0, 1.0, 1.0], "s")
+        return night(
+            hour,
+            ratio,
+            metrics=[Metric("pipeline_vs_bare.ratio", "ratio", "higher", ratio), lag],
+            baseline_metrics=[Metric("pipeline_vs_bare.ratio", "ratio", "higher", base)],
+            paired=[judged],
+            verdict="regression" if judged.status == "regression" else "pass",
+        )
+
+    history = [
+        paired(1, [0.1, 0.11, 0.12], [0.11, 0.1, 0.12]),
+        paired(2, [0.02, 0.03, 0.025], [0.1, 0.11, 0.1]),
+    ]
+    page = write_trend(history, tmp_path / "trend.html").read_text()
     assert page.count("data:image/png;base64,") == 2
-    assert "REGRESSION" in page and "pipeline_vs_bare.ratio fell to" in page
+    assert "FAIL" in page and "REGRESSION" in page and "pipeline_vs_bare.ratio x0.2" in page
+
+
+# ------------------------------------------------------------------------------- side by side, pairs
+
+
+def test_pairs_that_move_together_with_the_machine_are_not_a_regression():
+    # Both sides slowed by the same neighbour, night after night: the rates swing 2x, the ratios do not.
+    baseline = [1000.0, 520.0, 980.0, 610.0, 1010.0]
+    candidate = [990.0, 530.0, 1000.0, 600.0, 980.0]
+    judged = judge_pair("simulator_vs_bare.simulator_rate", "throughput", "higher", baseline, candidate)
+    assert judged.status == "ok" and judged.low < 1.0 < judged.high
+
+
+def test_a_quarter_slower_candidate_is_a_regression_named_with_its_ratio_and_bound():
+    baseline = [1000.0, 520.0, 980.0]
+    candidate = [760.0, 385.0, 740.0]
+    judged = judge_pair(
+        "simulator_vs_bare.simulator_rate", "throughput", "higher", baseline, candidate, "msg/s"
+    )
+    assert judged.status == "regression" and judged.high < 1 / 1.1
+    text = judged.sentence()
+    assert text.startswith("simulator_vs_bare.simulator_rate x0.75") and "3 pairs" in text and "msg/s" in text
+
+
+def test_a_slower_time_is_a_regression_upwards_and_a_faster_one_an_improvement():
+    slower = judge_pair("bench_1x.batch_duration", "time", "lower", [300, 320, 310], [600, 640, 615], "ms")
+    faster = judge_pair("bench_1x.batch_duration", "time", "lower", [600, 640, 615], [300, 320, 310], "ms")
+    assert (slower.status, faster.status) == ("regression", "improved")
+
+
+def test_pairs_too_noisy_to_tell_are_reported_not_judged_with_the_reason():
+    judged = judge_pair(
+        "bench_10x.end_to_end_p99", "latency", "lower", [2000, 2100, 1900], [1500, 4000, 2300]
+    )
+    assert judged.status == "unjudged" and judged.reason.startswith("too noisy")
+    one = judge_pair("drill.recover_s.kill", "recovery", "lower", [12.0], [30.0])
+    assert one.status == "unjudged" and one.reason == "one pair: no bound"
+
+
+def test_lag_near_zero_is_not_a_ratio_of_tiny_numbers():
+    judged = judge_pair("bench_1x.lag_age_p95", "lag", "lower", [0.05, 0.04, 0.06], [0.08, 0.07, 0.09], "s")
+    assert judged.status == "ok", judged.sentence()
 
 
 def test_sotw_compare_puts_two_results_side_by_side(tmp_path, capsys):
@@ -132,18 +189,35 @@ def test_the_workflow_runs_make_nightly_nightly_and_on_demand_keeps_the_history_
     assert job["timeout-minutes"] * 60 <= 6 * 3600
 
 
+def run_gate(tmp_path: Path, kafka, *flags: str) -> tuple[int, str, Entry]:
+    """``sotw nightly`` with the working tree's HEAD as its own baseline, on the test broker."""
+    args = ["--quick", "--baseline", "HEAD", "--history", str(tmp_path), "--bootstrap", kafka.bootstrap, "-q"]
+    code = nightly.main([*args, *flags])
+    return code, (tmp_path / "comparison.md").read_text(), load_history(tmp_path / "history")[-1]
+
+
+def test_the_gate_passes_unchanged_code_and_fails_a_quarter_slower_simulator_naming_its_rate(tmp_path, kafka):
+    only = ["--only", "simulator_vs_bare", "--repeats", "5"]
+    code, text, entry = run_gate(tmp_path / "same", kafka, *only)
+    assert code == 0, text
+    assert "no regression" in text and entry.verdict == "pass" and entry.baseline_commit
+    assert len(entry.baseline_metrics) == len(entry.metrics) and all(j.pairs == 5 for j in entry.paired)
+    assert (tmp_path / "same" / "baselines" / entry.baseline_commit[:12] / "pyproject.toml").is_file()
+
+    code, text, entry = run_gate(tmp_path / "slower", kafka, *only, "--plant-simulator-slowdown", "0.25")
+    assert code == 1 and entry.verdict == "regression"
+    assert "REGRESSION simulator_vs_bare.simulator_rate x0." in text, text
+    assert entry.planted == {"simulator_slowdown": "0.25"}
+    bare = next(j for j in entry.paired if j.name == "simulator_vs_bare.bare_rate")
+    assert bare.status != "regression", "the planted slowdown is the simulator's, not the bare loop's"
+
+
 @pytest.mark.slow
-def test_a_planted_batch_delay_is_flagged_naming_the_metric_and_unchanged_code_is_not(tmp_path, capsys):
-    args = ["--quick", "--only", "pipeline_vs_bare", "--repeats", "3", "--history", str(tmp_path), "-q"]
-    assert nightly.main(args) == 0
-    assert nightly.main(args) == 0, capsys.readouterr().out
-    out = capsys.readouterr().out
-    assert "no regression" in out
-    # Each micro-batch of the pipeline benchmark now waits 5 s before it writes.
-    assert nightly.main([*args, "--plant-batch-delay", "5"]) == 1
-    out = capsys.readouterr().out
-    assert "REGRESSION pipeline_vs_bare.ratio fell" in out, out
-    assert "bare_rate" not in out.split("REGRESSION", 1)[1].split("\n")[0]
-    entries = load_history(tmp_path / "history")
-    assert len(entries) == 3 and entries[-1].planted == {"batch_delay_s": "5"}
-    assert (tmp_path / "trend.html").is_file() and (tmp_path / "comparison.md").is_file()
+def test_a_planted_per_batch_delay_is_named_on_batch_duration_lag_and_end_to_end_latency(tmp_path, kafka):
+    code, text, entry = run_gate(
+        tmp_path, kafka, "--only", "bench", "--repeats", "3", "--plant-batch-delay", "0.3"
+    )
+    assert code == 1 and entry.planted == {"batch_delay_s": "0.3"}
+    flagged = {j.name for j in entry.paired if j.status == "regression"}
+    assert {"bench_1x.batch_duration", "bench_1x.lag_age_p95", "bench_1x.end_to_end_p99"} <= flagged, text
+    assert (tmp_path / "trend.html").is_file()

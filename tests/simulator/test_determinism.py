@@ -13,13 +13,11 @@ def planned(run_dir):
     )
 
 
-def test_same_seed_and_config_give_the_same_messages_and_fault_decisions(simulate):
-    first, _ = simulate(
-        name="same-id", clock=fixed_clock(), faults=FAULTS, max_messages=2500, duration_s=None
-    )
-    second, _ = simulate(
-        name="same-id", clock=fixed_clock(), faults=FAULTS, max_messages=2500, duration_s=None
-    )
+def test_same_seed_and_config_give_the_same_messages_and_fault_decisions(simulate, unique_prefix):
+    # The same config, topics included: the session ids mix in the topic prefix.
+    same = {"topic_prefix": unique_prefix(), "faults": FAULTS, "max_messages": 2500, "duration_s": None}
+    first, _ = simulate(name="same-id", clock=fixed_clock(), **same)
+    second, _ = simulate(name="same-id", clock=fixed_clock(), **same)
     a, b = planned(first.run_dir), planned(second.run_dir)
     assert len(a) > 2500
     assert a == b

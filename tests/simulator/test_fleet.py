@@ -29,3 +29,12 @@ def test_sessions_restart_and_sensors_join_and_retire_with_new_topics(kafka, sim
     for row in rows:
         if row["sensor"] in retired:
             assert row["intended_ts"] <= retired[row["sensor"]], "a retired sensor kept publishing"
+
+
+def test_two_runs_whose_directories_share_a_name_have_different_session_ids(kafka, simulate, tmp_path):
+    # Successive Locust runs each give their simulator a directory named after the part (``parts/local``) and
+    # topics of their own: their sessions must not share ids, or a pipeline keyed by session mixes them.
+    first, _ = simulate(name="local", seed=4)
+    second, _ = simulate(name="local", seed=4)
+    ids = [{r["session"] for r in read_ledger(s.run_dir)} for s in (first, second)]
+    assert ids[0] and ids[1] and not ids[0] & ids[1]
