@@ -43,6 +43,9 @@ from sotw.kafka import setting_text
 QUEUE_FULL = -184
 #: ... for a message larger than ``message.max.bytes`` (``RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE``).
 MSG_SIZE_TOO_LARGE = 10
+#: ... for a topic, or a partition, the cluster says does not exist (``RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC``,
+#: ``RD_KAFKA_RESP_ERR__UNKNOWN_PARTITION``): deleted, or gone with a broker's data.
+UNKNOWN_TOPIC, UNKNOWN_PARTITION = -188, -190
 _PRODUCER = 0  # RD_KAFKA_PRODUCER
 _MSG_F_COPY = 2  # RD_KAFKA_MSG_F_COPY: librdkafka copies the payload, the buffer may be reused at once
 _PURGE_QUEUE, _PURGE_INFLIGHT = 1, 2

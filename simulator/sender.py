@@ -8,7 +8,9 @@
   minus intended) is measured instead (open loop).
 - producing one message, or a stretch of a run straight from the encoder's buffer (``StagedRun``), and
   backpressure: a full local queue is served until the message goes in (``backpressure_waits``); a queue
-  that stays full ``stall_timeout_s``, or a message the client refuses, stops the run with a reason.
+  that stays full ``stall_timeout_s``, or a message the client refuses, stops the run with a reason. A
+  message refused because its topic no longer exists (deleted, or gone with a broker's data) is a failed
+  delivery instead: its ledger row says so, and the run goes on, as an application's producer would.
 - delivery reports: each message is produced with its ledger row number, and each report gives it back with
   its offset or its error; they reach the ledger as arrays, dated by the clock read after the poll that
   served them.
@@ -35,7 +37,7 @@ from simulator.config import SimulatorError
 from simulator.faults import MALFORMED, NONE
 from simulator.ledger import UPDATE, Ledger
 from simulator.planner import Message, UpdateRun
-from simulator.rdkafka import MSG_SIZE_TOO_LARGE, QUEUE_FULL, error_text
+from simulator.rdkafka import MSG_SIZE_TOO_LARGE, QUEUE_FULL, UNKNOWN_PARTITION, UNKNOWN_TOPIC, error_text
 
 log = logging.getLogger(__name__)
 
@@ -182,7 +184,7 @@ class Sender:
             session.code, msg.seq, msg.kind, fault, msg.intended_ms, now, digest, msg.row_id, msg.op
         )
         try:
-            self._produce_or_wait(
+            refused = self._produce_or_wait(
                 functools.partial(producer.produce, topic, session.partition, msg.value, session.key, row),
                 session.topic,
                 len(msg.value),
@@ -190,6 +192,8 @@ class Sender:
         except SimulatorError:
             ledger.unsend_last()
             raise
+        if refused:
+            self._failed(row, refused, now)
         self.sent += 1
         if fault in (NONE, MALFORMED) and msg.seq > session.hi:
             session.hi = msg.seq
@@ -277,9 +281,12 @@ class Sender:
                 if err:
                     topic = staged.run.sessions[staged.run.session_index[k]].topic
                     size = int(args[3][k + 1] - args[3][k] - 1)
-                    self._produce_or_wait(
+                    refused = self._produce_or_wait(
                         functools.partial(self._produce_one, args, k, now), topic, size, err
                     )
+                    if refused:
+                        staged.sent[k] = now  # tried then, like the messages around it
+                        self._failed(int(staged.rows[k]), refused, now)
                     k += 1
             if not paced or j - i == SLICE:
                 self.serve()
@@ -292,12 +299,13 @@ class Sender:
 
     def _produce_or_wait(
         self, produce: Callable[[], int], topic: str, size: int, err: int | None = None
-    ) -> None:
+    ) -> int:
         """Produce one message (``produce`` returns librdkafka's error code), waiting while the queue is full.
 
         ``err`` is the error of a try already made. A full local queue is served until the message goes in
         (never dropped); if it stays full ``stall_timeout_s``, or the client refuses the message outright,
-        the run stops with an error saying why.
+        the run stops with an error saying why. Returns 0 once the message is queued, or the error code when
+        the client refused it because its topic or partition no longer exists.
         """
         if err is None:
             err = produce()
@@ -312,6 +320,8 @@ class Sender:
                     )
                 self.serve(0.01)
                 err = produce()
+        if err in (UNKNOWN_TOPIC, UNKNOWN_PARTITION):
+            return err
         if err:
             hint = (
                 " (fewer --rows or columns, or a larger message.max.bytes via -P and on the broker)"
@@ -321,6 +331,14 @@ class Sender:
             raise SimulatorError(
                 f"the producer refused a {size:,}-byte message for {topic}: {error_text(err)}{hint}"
             )
+        return 0
+
+    def _failed(self, row: int, err: int, now: float) -> None:
+        """Record the message of ledger row ``row`` as failed with ``err``, as its delivery report would."""
+        one = np.array([row], dtype=np.int64)
+        self.ledger.acknowledge(
+            one, np.array([-1], dtype=np.int64), np.array([err], dtype=np.int64), now, error_text
+        )
 
     # ---- the end --------------------------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -76,3 +77,24 @@ def stop_process(proc: subprocess.Popen[bytes], grace_s: float = 5.0, kill: bool
         except subprocess.TimeoutExpired:
             proc.kill()
     proc.wait()
+
+
+def wait_stopped(pid: int, timeout: float = 5.0) -> bool:
+    """Wait until every thread of ``pid`` is stopped (after SIGSTOP); False if some still ran at ``timeout``.
+
+    SIGSTOP reaches each thread of a process on its own: a JVM's hundred threads can still answer a request
+    for a moment after the signal was sent, so an incident that freezes a broker waits for all of them.
+    A process that is gone counts as stopped.
+    """
+    tasks = Path(f"/proc/{pid}/task")
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            states = [(t / "stat").read_text().rsplit(")", 1)[1].split()[0] for t in tasks.iterdir()]
+        except (FileNotFoundError, ProcessLookupError):
+            return True
+        if all(s in ("T", "t", "Z", "X") for s in states):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)

@@ -39,7 +39,7 @@ from sotw.errors import BrokerError, SetupError
 from sotw.jars import classpath
 from sotw.java import find_java
 from sotw.outage import Outage, now_ms
-from sotw.processgroup import ProcessGroup
+from sotw.processgroup import ProcessGroup, wait_stopped
 from sotw.proxy import TcpProxy
 
 log = logging.getLogger(__name__)
@@ -425,15 +425,18 @@ class KafkaBroker(contextlib.AbstractContextManager["KafkaBroker"]):
         """Freeze the nodes (or one node) with SIGSTOP, as a hung broker or a long GC pause; no-op if paused.
 
         Connections stay open and nothing is answered: clients' requests wait until ``resume``, or fail when
-        their own timeouts (``request.timeout.ms``, ``message.timeout.ms``) run out first.
+        their own timeouts (``request.timeout.ms``, ``message.timeout.ms``) run out first. Returns once every
+        thread of every frozen JVM has stopped, so nothing is answered after it returns.
         """
         with self._lock:
             self.check_alive()
             if self._paused_ms is None:
                 self._paused_ms = now_ms()
-            for n in self._targets(node):
-                if n.process is not None and n.alive():
-                    n.process.send_signal(signal.SIGSTOP)
+            frozen = [n.process for n in self._targets(node) if n.process is not None and n.alive()]
+            for proc in frozen:
+                proc.send_signal(signal.SIGSTOP)
+            for proc in frozen:
+                wait_stopped(proc.pid)
 
     def resume(self) -> Outage | None:
         """Let every paused node run again (SIGCONT); return the pause as an ``Outage`` (None if none was)."""

@@ -90,3 +90,43 @@ def test_a_broker_that_dies_mid_run_leaves_every_row_in_the_ledger_with_what_bec
         "Local: Purged in queue",
         "Local: Purged in flight",
     }
+
+
+def test_messages_for_topics_a_broker_lost_fail_in_the_ledger_and_the_run_goes_on(
+    tmp_path, unique_prefix, producer_path
+):
+    with KafkaBroker() as broker:
+        config = SimulatorConfig(
+            sensors=2, rows=10, partitions=1, rate=500, duration_s=8.0, session_interval_s=600,
+            topic_prefix=unique_prefix(), producer_path=producer_path,
+            # librdkafka refuses messages for a topic the cluster says is gone only once the topic is older
+            # than this (30 s by default, so that a topic just created has time to propagate).
+            producer={"message.timeout.ms": "2000", "topic.metadata.propagation.max.ms": "100"},
+        )  # fmt: skip
+        sim = Simulator(config, KafkaConfig(broker.bootstrap), tmp_path / "run")
+
+        def lose_data_once_acknowledged() -> None:
+            while sim.stats().acked < 300:
+                time.sleep(0.01)
+            broker.restart(kill=True, lose_data=True)  # back without topics; nobody makes them again
+
+        loser = threading.Thread(target=lose_data_once_acknowledged, daemon=True)
+        loser.start()
+        summary = (
+            sim.run()
+        )  # no SimulatorError: the producer refusing a message for a gone topic is a failure
+        loser.join()
+    ledger = read_ledger(summary.run_dir)
+    lost = [r for r in ledger if r["sent_ts"] is not None and not r["delivered"]]
+    errors = {r["error"] for r in lost}
+    # Refused at once by the producer once it learned the topics are gone; failed by the broker, or timed out,
+    # before that.
+    assert "Local: Unknown topic" in errors
+    assert errors <= {
+        "Local: Unknown topic",
+        "Local: Unknown partition",
+        "Broker: Unknown topic or partition",
+        "Local: Message timed out",
+        NOT_ACKNOWLEDGED,
+    }
+    assert summary.stats.failed == sum(1 for r in lost if r["error"] != NOT_ACKNOWLEDGED)
