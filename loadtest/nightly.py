@@ -48,7 +48,7 @@ from loadtest.history import (
     metrics_from_results,
     metrics_from_simulator_vs_bare,
 )
-from loadtest.paired import PairedJudgement, judge_pair
+from loadtest.paired import PairedJudgement, judge_pair, judgement_lines, judgement_rows
 from loadtest.results import Results
 from loadtest.sidebyside import BASELINE, CANDIDATE, Side, install_baseline, resolve
 from loadtest.trend import write_trend
@@ -256,7 +256,7 @@ class _SideRuns:
     def micro(self, i: int) -> list[Metric]:
         out = self.dir / f"micro-{i + 1}.json"
         argv = [self.side.python, "-m", "pytest", "benchmarks", "--benchmark-only", f"--benchmark-json={out}",
-                "-q", "-p", "no:cacheprovider", "--benchmark-min-rounds=5"]  # fmt: skip
+                "-q", "-p", "no:cacheprovider", "--benchmark-min-rounds=5", "--benchmark-max-time=0.3"]  # fmt: skip
         if self.command(f"micro-{i + 1}", argv, out):
             return metrics_from_pytest_benchmark(json.loads(out.read_text()))
         return []
@@ -446,38 +446,11 @@ def failed_benchmarks(runs: Sequence[BenchmarkRun]) -> list[BenchmarkRun]:
 
 def comparison_text(entry: Entry) -> str:
     """The night as a CI log shows it: regressions first, each with its ratio, bound and both values."""
-    judgements = entry.paired
-    lines = [
-        f"nightly {entry.label}: {len(judgements)} metrics, candidate {entry.commit[:10] or '-'} against "
+    head = (
+        f"nightly {entry.label}: {len(entry.paired)} metrics, candidate {entry.commit[:10] or '-'} against "
         f"baseline {entry.baseline_commit[:10] or '-'}, side by side"
-    ]
-    lines += [f"REGRESSION {j.sentence()}" for j in judgements if j.status == "regression"]
-    lines += [f"improved: {j.sentence()}" for j in judgements if j.status == "improved"]
-    unjudged = [j for j in judgements if j.status == "unjudged"]
-    if unjudged:
-        lines.append(
-            f"not judged ({len(unjudged)}): " + "; ".join(f"{j.name} ({j.reason})" for j in unjudged)
-        )
-    if not any(j.status == "regression" for j in judgements):
-        lines.append("no regression")
-    return "\n".join(lines)
-
-
-def comparison_rows(entry: Entry) -> tuple[list[str], list[list[str]]]:
-    """The night's judgements as a table, regressions first."""
-    from loadtest.report import fmt
-
-    order = {"regression": 0, "improved": 1, "ok": 2, "unjudged": 3}
-    rows = []
-    for j in sorted(entry.paired, key=lambda j: (order.get(j.status, 9), j.name)):
-        bound = "-" if not math.isfinite(j.low) else f"{j.low:.3f} - {j.high:.3f}"
-        rows.append([
-            j.name, j.status.upper() if j.status == "regression" else j.status,
-            fmt(j.candidate, j.unit), fmt(j.baseline, j.unit),
-            "-" if not math.isfinite(j.ratio) else f"x{j.ratio:.3f}", bound, str(j.pairs), j.reason,
-        ])  # fmt: skip
-    head = ["metric", "status", "candidate", "baseline", "ratio", "95% bound", "pairs", "why not judged"]
-    return head, rows
+    )
+    return "\n".join([head, *judgement_lines(entry.paired)])
 
 
 def write_comparison(config: NightlyConfig, entry: Entry) -> Path:
@@ -491,7 +464,7 @@ def write_comparison(config: NightlyConfig, entry: Entry) -> Path:
         comparison_text(entry),
         "```",
         "",
-        _md_table(comparison_rows(entry)),
+        _md_table(judgement_rows(entry.paired)),
     ]
     failed = failed_benchmarks(entry.benchmarks)
     if failed:

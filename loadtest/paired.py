@@ -126,3 +126,43 @@ def judge_pair(
         )
         return PairedJudgement(status="unjudged", reason=why, **verdict, **common)  # type: ignore[arg-type]
     return PairedJudgement(status="ok", **verdict, **common)  # type: ignore[arg-type]
+
+
+def judgement_lines(judgements: Sequence[PairedJudgement]) -> list[str]:
+    """Lines for a log: each regression and improvement in a sentence, what was not judged and why."""
+    lines = [f"REGRESSION {j.sentence()}" for j in judgements if j.status == "regression"]
+    lines += [f"improved: {j.sentence()}" for j in judgements if j.status == "improved"]
+    unjudged = [j for j in judgements if j.status == "unjudged"]
+    if unjudged:
+        lines.append(
+            f"not judged ({len(unjudged)}): " + "; ".join(f"{j.name} ({j.reason})" for j in unjudged)
+        )
+    if not any(j.status == "regression" for j in judgements):
+        lines.append("no regression")
+    return lines
+
+
+def judgement_rows(judgements: Sequence[PairedJudgement]) -> tuple[list[str], list[list[str]]]:
+    """The judgements as a table, regressions first."""
+    from loadtest.report import fmt
+
+    order = {status: i for i, status in enumerate(STATUSES)}
+    rows = []
+    for j in sorted(judgements, key=lambda j: (order.get(j.status, 9), j.name)):
+        bound = "-" if not math.isfinite(j.low) else f"{j.low:.3f} - {j.high:.3f}"
+        ratio = "-" if not math.isfinite(j.ratio) else f"x{j.ratio:.3f}"
+        status = j.status.upper() if j.status == "regression" else j.status
+        rows.append(
+            [
+                j.name,
+                status,
+                fmt(j.candidate, j.unit),
+                fmt(j.baseline, j.unit),
+                ratio,
+                bound,
+                str(j.pairs),
+                j.reason,
+            ]
+        )
+    head = ["metric", "status", "candidate", "baseline", "ratio", "95% bound", "pairs", "why not judged"]
+    return head, rows

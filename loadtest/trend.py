@@ -17,6 +17,7 @@ from pathlib import Path
 from matplotlib.figure import Figure
 
 from loadtest.history import Entry
+from loadtest.paired import judgement_rows
 from loadtest.report import _CSS, _html_table, _png
 
 MICRO = "micro."
@@ -106,8 +107,6 @@ def chart_micro(history: Sequence[Entry]) -> bytes | None:
 
 def render_trend(history: Sequence[Entry]) -> str:
     """The trend page as one HTML document."""
-    from loadtest.nightly import comparison_rows
-
     parts = [
         f"<!doctype html><html><head><meta charset='utf-8'><title>sotw nightly trend</title>"
         f"<style>{_CSS}</style></head><body>",
@@ -126,7 +125,7 @@ def render_trend(history: Sequence[Entry]) -> str:
     ]
     if regressions:
         parts.append("<ul>" + "".join(f"<li>{html.escape(j.sentence())}</li>" for j in regressions) + "</ul>")
-    parts += ["<h2>Latest night: candidate against baseline</h2>", _html_table(comparison_rows(last))]
+    parts += ["<h2>Latest night: candidate against baseline</h2>", _html_table(judgement_rows(last.paired))]
     images = [(name, chart_metric(name, history)) for name in headline_names(history)]
     micro = chart_micro(history)
     if micro is not None:
