@@ -5,8 +5,10 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 # Bundles of Java libraries (jars/<bundle>/pom.xml), each copied by Maven into $(VENV)/jars/<bundle>/.
-BUNDLES := kafka
+BUNDLES := kafka spark-kafka delta
 JARS   := $(foreach b,$(BUNDLES),$(VENV)/jars/$(b)/manifest.json)
+# Spark's Kafka connector and Delta's jars as spark.jars in PySpark's spark-defaults.conf (sotw/sparkjars.py).
+SPARK_DEFAULTS := $(VENV)/jars/spark-defaults.installed
 
 .DEFAULT_GOAL := help
 .PHONY: help setup demo test test-fast test-slow lint typecheck unit bench nightly report clean
@@ -27,7 +29,11 @@ $(VENV)/jars/%/manifest.json: jars/%/pom.xml | $(STAMP)
 	@sh scripts/check-java.sh
 	$(BIN)/python -m sotw.jars fetch $*
 
-setup: $(STAMP) $(JARS) ## Create .venv, install sotw, fetch Apache Kafka (Maven), check Java 17+ and Chromium
+$(SPARK_DEFAULTS): $(VENV)/jars/spark-kafka/manifest.json $(VENV)/jars/delta/manifest.json $(STAMP)
+	$(BIN)/python -m sotw.jars spark-defaults
+	@touch $@
+
+setup: $(STAMP) $(JARS) $(SPARK_DEFAULTS) ## Create .venv, install sotw, fetch Apache Kafka, Spark's Kafka connector and Delta (Maven), check Java 17+ and Chromium
 	@sh scripts/check-java.sh
 	@sh scripts/check-chromium.sh
 

@@ -3,7 +3,7 @@
 Usage::
 
     .venv/bin/python benchmarks/pipeline_vs_bare.py [--messages 600000] [--repeats 2] [--bootstrap HOST:PORT]
-                                                   [--max-offsets N] [--floor] [--delta]
+                                                   [--max-offsets N] [--floor] [--delta] [--spark-kafka]
                                                    [--json runs/bench-pipeline-vs-bare.json]
 
 The backlog is written once by the real simulator (``rate=0``, faults off, 24 sensors x 200-row tables, three
@@ -21,6 +21,11 @@ neighbour's load hits both alike):
 With ``--delta``, the pipeline also drains the backlog into the Delta output (``sotw pipeline --format delta``:
 the same files, committed to the four tables' logs with the query's transaction id) in each round, right after
 the Parquet output, so the two are measured on the same backlog under the same neighbours.
+
+With ``--spark-kafka``, the pipeline also drains the backlog through Spark's own Kafka connector (``sotw pipeline
+--source spark-kafka``: ``format("kafka")``, one row per message into the same stateful step and Parquet output) in
+each round, right after sotw's source, so the two sources are measured on the same backlog under the same
+neighbours.
 
 With ``--floor``, another side runs in each round:
 
@@ -188,9 +193,12 @@ def state_partition_load(spark: Any, changes: Path, partitions: int) -> list[dic
     return [{"partition": p, **found.get(p, {"sessions": 0, "changes": 0})} for p in range(partitions)]
 
 
-def drain_config(kafka: KafkaConfig, prefix: str, work: Path, args: argparse.Namespace) -> PipelineConfig:
-    """The pipeline's config for one drain of the backlog (availableNow) into ``work``."""
+def drain_config(
+    kafka: KafkaConfig, prefix: str, work: Path, args: argparse.Namespace, source: str = "sotw-kafka"
+) -> PipelineConfig:
+    """The pipeline's config for one drain of the backlog (availableNow) into ``work`` from ``source``."""
     return PipelineConfig(
+        source=source,
         kafka=kafka,
         output=work / "out",
         checkpoint=work / "checkpoint",
@@ -209,10 +217,11 @@ def pipeline(
     total: int,
     args: argparse.Namespace,
     output_format: str = "parquet",
+    source: str = "sotw-kafka",
 ) -> dict[str, Any]:
     """Drain the backlog with the pipeline (availableNow) into a fresh output; rates, batches and memory."""
     work = Path(tempfile.mkdtemp(prefix="sotw-bench-pipe-"))
-    config = replace(drain_config(kafka, prefix, work, args), output_format=output_format)
+    config = replace(drain_config(kafka, prefix, work, args, source), output_format=output_format)
     cpu0 = read_tree(kinds=True)
     with PeakRss() as mem:
         t0 = time.perf_counter()
@@ -361,6 +370,16 @@ def floor(
     }
 
 
+def rate_rows(runs: list[dict[str, Any]], wall: str, after: str) -> list[float]:
+    """Print a side's best and median rate, wall and after the first batch; return its wall rates."""
+    rates = [p["rate"] for p in runs]
+    print(f"{wall:34}{max(rates):14,.0f}{statistics.median(rates):14,.0f}")
+    afters = [p["rate_after_first_batch"] for p in runs if p["rate_after_first_batch"]]
+    if afters:
+        print(f"{after:34}{max(afters):14,.0f}{statistics.median(afters):14,.0f}")
+    return rates
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark and print the table."""
     parser = argparse.ArgumentParser(
@@ -389,6 +408,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--delta", action="store_true", help="also drain into the Delta output (--format delta) each round"
     )
+    parser.add_argument(
+        "--spark-kafka",
+        action="store_true",
+        help="also drain through Spark's own Kafka connector (--source spark-kafka) each round",
+    )
     parser.add_argument("--event-log", type=Path, help="write Spark's event log here (stage and task times)")
     parser.add_argument(
         "--conf", action="append", default=[], metavar="KEY=VALUE", help="another Spark setting (repeatable)"
@@ -413,7 +437,14 @@ def main(argv: list[str] | None = None) -> int:
             }
         spark = build_session(SparkConfig(shuffle_partitions=args.shuffle_partitions, extra=extra))
         print(f"SparkSession started in {time.perf_counter() - t0:.1f} s (not timed)", flush=True)
-        results: dict[str, Any] = {"bare": [], "pipeline": [], "delta": [], "floor": [], "messages": total}
+        results: dict[str, Any] = {
+            "bare": [],
+            "pipeline": [],
+            "delta": [],
+            "spark-kafka": [],
+            "floor": [],
+            "messages": total,
+        }
         for r in range(args.repeats):
             b = bare(kafka, ends)
             results["bare"].append(b)
@@ -435,17 +466,18 @@ def main(argv: list[str] | None = None) -> int:
                     + f"; broker {f['broker_cpu_us_per_msg']:.1f})",
                     flush=True,
                 )
-            for side, output_format in (("pipeline", "parquet"), ("delta", "delta")):
-                if side == "delta" and not args.delta:
-                    continue
-                p = pipeline(spark, kafka, prefix, total, args, output_format)
+            sides = [("pipeline", "parquet", "sotw-kafka")]
+            sides += [("delta", "delta", "sotw-kafka")] if args.delta else []
+            sides += [("spark-kafka", "parquet", "spark-kafka")] if args.spark_kafka else []
+            for side, output_format, source in sides:
+                p = pipeline(spark, kafka, prefix, total, args, output_format, source)
                 results[side].append(p)
                 after = p["rate_after_first_batch"]
                 per_kind = ", ".join(
                     f"{k} {v / p['messages'] * 1e6:.0f}" for k, v in p["cpu_s_by_process"].items()
                 )
                 print(
-                    f"  run {r + 1}: {side:8} {p['rate']:10,.0f} msg/s  ({len(p['batches'])} batches, "
+                    f"  run {r + 1}: {side:11} {p['rate']:10,.0f} msg/s  ({len(p['batches'])} batches, "
                     f"{after or 0:,.0f} msg/s after the first batch of {p['first_batch_ms']} ms)  "
                     f"{p['cpu_us_per_msg']:5.1f} CPU us/msg ({per_kind}; broker {p['broker_cpu_us_per_msg']:.1f})  "
                     f"peak {p['peak_rss_bytes'] / 2**20:,.0f} MiB",
@@ -479,14 +511,21 @@ def main(argv: list[str] | None = None) -> int:
     if best_after:
         print(f"{'pipeline after the first batch':34}{best_after:14,.0f}{statistics.median(afters):14,.0f}")
     if results["delta"]:
-        deltas = [p["rate"] for p in results["delta"]]
-        print(f"{'pipeline, Delta output (wall)':34}{max(deltas):14,.0f}{statistics.median(deltas):14,.0f}")
-        d_after = [p["rate_after_first_batch"] for p in results["delta"] if p["rate_after_first_batch"]]
-        if d_after:
-            print(
-                f"{'Delta after the first batch':34}{max(d_after):14,.0f}{statistics.median(d_after):14,.0f}"
-            )
+        deltas = rate_rows(results["delta"], "pipeline, Delta output (wall)", "Delta after the first batch")
         print(f"{'ratio Delta / Parquet output':34}{max(deltas) / best_pipe:14.2f}")
+    if results["spark-kafka"]:
+        theirs = rate_rows(
+            results["spark-kafka"], "spark-kafka source (wall)", "spark-kafka after the first batch"
+        )
+        cpu = {
+            side: statistics.median(p["cpu_us_per_msg"] for p in results[side])
+            for side in ("bare", "pipeline", "spark-kafka")
+        }
+        print(f"{'ratio spark-kafka / sotw-kafka':34}{max(theirs) / best_pipe:14.2f}")
+        print(
+            f"{'CPU us/msg, median':34}bare {cpu['bare']:.2f}, sotw-kafka {cpu['pipeline']:.1f}, "
+            f"spark-kafka {cpu['spark-kafka']:.1f}"
+        )
     if results["floor"]:
         floors = [f["rate"] for f in results["floor"]]
         print(f"{'floor (decode-only state, wall)':34}{max(floors):14,.0f}{statistics.median(floors):14,.0f}")
@@ -519,6 +558,7 @@ def main(argv: list[str] | None = None) -> int:
         "best_pipeline": best_pipe,
         "best_pipeline_after_first_batch": best_after,
         "best_delta": max((p["rate"] for p in results["delta"]), default=None),
+        "best_spark_kafka": max((p["rate"] for p in results["spark-kafka"]), default=None),
         "ratio": ratio,
         "floor_ratio": max(f["rate"] for f in results["floor"]) / best_bare if results["floor"] else None,
         "peak_rss_bytes": peak,

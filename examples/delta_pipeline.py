@@ -6,15 +6,18 @@ again cannot bring an old value back, whatever order they arrive in. A delete is
 (``deleted = true``, with its ``seq``) for the same reason: an older upsert arriving after it must not bring
 the row back. A snapshot is the row's value at seq 0.
 
-Each micro-batch is one Delta MERGE (delta-rs, no JVM jar) that records the streaming query's id and the
-batch id as the table's transaction identifier (``txn``), the mechanism Spark's Delta sink uses: after a
-crash Spark replays the batch, the job sees the table already holds it and does nothing, so every batch
-lands exactly once. Rows carry ``committed_ms`` (when the batch was written), which the harness measures
-end-to-end latency against (a MERGE rewrites whole files, so the commit that wrote a row's file is not
-always the one that changed the row).
+It is written as teams write such a job: Spark's Kafka connector (``format("kafka")``), the messages parsed
+with ``from_json``, and in ``foreachBatch`` one Delta Lake ``MERGE`` per micro-batch (``DeltaTable.merge``,
+Delta's Spark writer). The merge carries the streaming query's id and the batch id as Delta's transaction
+identifier (``spark.databricks.delta.write.txnAppId`` / ``txnVersion``): after a crash Spark replays the
+batch, Delta sees that transaction in the table and skips it, so every batch lands exactly once. Rows carry
+``committed_ms`` (when the batch was merged), which the harness measures end-to-end latency against (a MERGE
+rewrites whole files, so the commit that wrote a row's file is not always the one that changed the row).
 
 It writes sotw's tables contract (docs/own-pipeline.md): ``session``, ``sensor``, ``row_id``, ``values``
-(the row as JSON), ``seq``, ``deleted``, ``committed_ms``. Run it under the harness::
+(the row as JSON), ``seq``, ``deleted``, ``committed_ms``. It imports nothing from sotw; Spark needs the
+Kafka connector's and Delta's jars, which sotw's environment has (docs/own-pipeline.md, "Jars"). Run it
+under the harness::
 
     sotw run --profile smoke --contract tables --format delta --pipeline-cmd \\
       '{python} examples/delta_pipeline.py --bootstrap {bootstrap} --topics {pattern} --out {output} \\
@@ -31,20 +34,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
-
-SCHEMA = pa.schema(
-    [
-        ("session", pa.string()),
-        ("sensor", pa.string()),
-        ("row_id", pa.int64()),
-        ("values", pa.string()),
-        ("seq", pa.int64()),
-        ("deleted", pa.bool_()),
-        ("committed_ms", pa.int64()),
-    ]
-)
+TABLE = "session STRING, sensor STRING, row_id BIGINT, values STRING, seq BIGINT, deleted BOOLEAN, committed_ms BIGINT"
+# A row object stays JSON text: from_json keeps a nested object as its JSON when the schema says STRING.
+# (An end message's ``rows`` is a count, not an array: it does not parse, and ends change no row anyway.)
+MESSAGE = "kind STRING, session STRING, sensor STRING, seq BIGINT, op STRING, row STRING, rows ARRAY<STRING>"
 
 
 def parse_args() -> argparse.Namespace:
@@ -58,90 +51,95 @@ def parse_args() -> argparse.Namespace:
     return p.parse_args()
 
 
+def changes(batch: Any) -> Any:
+    """The row changes of a micro-batch of Kafka records: per (session, row), the one with the highest seq."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    msg = batch.select(F.from_json(F.col("value").cast("string"), MESSAGE).alias("m")).select("m.*")
+    msg = msg.where(F.col("session").isNotNull() & F.col("sensor").isNotNull() & F.col("seq").isNotNull())
+    snapshots = msg.where(F.col("kind") == "snapshot").select(
+        "session", "sensor", "seq", F.explode("rows").alias("row"), F.lit(False).alias("deleted")
+    )
+    updates = msg.where((F.col("kind") == "update") & F.col("row").isNotNull()).select(
+        "session", "sensor", "seq", "row", (F.col("op") == "delete").alias("deleted")
+    )
+    rows = snapshots.unionByName(updates).select(
+        "session",
+        "sensor",
+        F.get_json_object("row", "$.id").cast("bigint").alias("row_id"),
+        F.when(~F.col("deleted"), F.col("row")).alias("values"),
+        "seq",
+        "deleted",
+    )
+    newest = Window.partitionBy("session", "row_id").orderBy(F.col("seq").desc())
+    return (
+        rows.where(F.col("row_id").isNotNull())
+        .withColumn("n", F.row_number().over(newest))
+        .where("n = 1")
+        .drop("n")
+    )
+
+
 class HighestSeqWins:
     """The ``foreachBatch`` function: per row, the change with the highest seq, merged once per batch."""
 
     def __init__(self, table: Path, checkpoint: Path) -> None:
-        self.table = table
+        self.table = str(table)
         self.checkpoint = checkpoint
 
     def app_id(self) -> str:
-        """The streaming query's id, as Spark's Delta sink uses it (Spark writes it before the first batch)."""
+        """The streaming query's id (Spark writes it into the checkpoint before the first batch).
+
+        A new checkpoint is a new query id, so a table kept across a checkpoint reset is not mistaken for
+        holding the new query's batches (Delta's own advice for ``txnAppId``).
+        """
         return str(json.loads((self.checkpoint / "metadata").read_text().splitlines()[0])["id"])
 
     def __call__(self, batch: Any, batch_id: int) -> None:
-        """Apply one micro-batch."""
-        app_id = self.app_id()
-        exists = (self.table / "_delta_log").is_dir()
-        done = DeltaTable(str(self.table)).transaction_version(app_id) if exists else None
-        if done is not None and done >= batch_id:
-            return  # replayed after a crash: this batch is in the table already
-        changes: dict[tuple[str, int], dict[str, Any]] = {}
-        for record in batch.select("value").collect():
-            for change in _changes(record["value"]):
-                key = (change["session"], change["row_id"])
-                if key not in changes or change["seq"] > changes[key]["seq"]:
-                    changes[key] = change
-        if not changes:
-            return  # nothing to write; a replay of an empty batch has nothing to repeat either
-        now = int(time.time() * 1000)
-        rows = [{**c, "committed_ms": now} for c in changes.values()]
-        source = pa.Table.from_pylist(rows, schema=SCHEMA)
-        commit = CommitProperties(app_transactions=[Transaction(app_id, batch_id)])
-        if not exists:
-            write_deltalake(str(self.table), source, mode="append", commit_properties=commit)
-            return
+        """Merge one micro-batch into the table, unless Delta says this batch was merged already."""
+        from delta.tables import DeltaTable
+        from pyspark.sql import functions as F
+
+        spark = batch.sparkSession
+        source = changes(batch).withColumn("committed_ms", F.lit(int(time.time() * 1000)))
+        # Idempotent MERGE: Delta records (app id, batch id) in the commit and skips a batch it has seen.
+        spark.conf.set("spark.databricks.delta.write.txnAppId", self.app_id())
+        spark.conf.set("spark.databricks.delta.write.txnVersion", str(batch_id))
         (
-            DeltaTable(str(self.table))
-            .merge(
-                source,
-                predicate="t.session = s.session AND t.row_id = s.row_id",
-                source_alias="s",
-                target_alias="t",
-                commit_properties=commit,
-            )
-            .when_matched_update_all(predicate="s.seq > t.seq")
-            .when_not_matched_insert_all()
+            DeltaTable.forPath(spark, self.table)
+            .alias("t")
+            .merge(source.alias("s"), "t.session = s.session AND t.row_id = s.row_id")
+            .whenMatchedUpdateAll(condition="s.seq > t.seq")
+            .whenNotMatchedInsertAll()
             .execute()
         )
-
-
-def _changes(value: bytes | None) -> list[dict[str, Any]]:
-    """The row changes one message makes (none for a message that is not valid)."""
-    try:
-        msg = json.loads(value or b"")
-        kind, session, sensor, seq = msg["kind"], msg["session"], msg["sensor"], msg["seq"]
-    except (ValueError, KeyError, TypeError):
-        return []  # a team would quarantine it; the tables contract has no place for it
-    if not isinstance(seq, int):
-        return []
-
-    def change(row: dict[str, Any], deleted: bool) -> dict[str, Any]:
-        values = None if deleted else json.dumps({k: v for k, v in row.items() if k != "id"}, sort_keys=True)
-        return {
-            "session": session,
-            "sensor": sensor,
-            "row_id": row["id"],
-            "values": values,
-            "seq": seq,
-            "deleted": deleted,
-        }
-
-    if kind == "snapshot":
-        return [change(row, False) for row in msg["rows"]]
-    if kind == "update":
-        return [change(msg["row"], msg.get("op") == "delete")]
-    return []
 
 
 def main() -> None:
     """Run until SIGTERM or Ctrl-C, then stop the query cleanly."""
     args = parse_args()
-    from pipeline.spark import build_session  # a local session with the sotw-kafka source registered
+    from delta.tables import DeltaTable
+    from pyspark.sql import SparkSession
+    from pyspark.sql.types import StructType
 
-    spark = build_session(app_name="delta-pipeline")
+    # Spark's Kafka connector and Delta are jars: spark-submit --jars (or spark.jars) gives them, or the
+    # Spark installation has them already (sotw's environment does). Delta also needs its SQL extension.
+    spark = (
+        SparkSession.builder.appName("delta-pipeline")
+        .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
+        .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
+        # Small machines, small batches: Spark shuffles into 200 partitions and Delta rebuilds its table state
+        # with 50 tasks by default, seconds per micro-batch on two cores for a few thousand rows.
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.databricks.delta.snapshotPartitions", "2")
+        .getOrCreate()
+    )
+    DeltaTable.createIfNotExists(spark).location(str(args.out)).addColumns(
+        StructType.fromDDL(TABLE)
+    ).execute()
     stream = (
-        spark.readStream.format("sotw-kafka")  # Spark's own connector: .format("kafka"), the same options
+        spark.readStream.format("kafka")
         .option("kafka.bootstrap.servers", args.bootstrap)
         .option("subscribePattern", args.topics)
         .option("startingOffsets", "earliest")

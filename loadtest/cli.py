@@ -28,6 +28,7 @@ from loadtest.report import markdown_summary, write_report
 from loadtest.results import Capacity, Results, Verdict
 from loadtest.runner import RunRequest, execute
 from loadtest.stage import BrokerCommands
+from pipeline.config import SOURCES
 from sotw.cliargs import add_kafka_args, add_logging_args, kafka_config, setup_logging
 from sotw.kafka import KafkaConfig
 
@@ -61,6 +62,7 @@ def _parser(command: str) -> argparse.ArgumentParser:
         help="Spark master of the pipeline under test: spark://HOST:PORT for a standalone cluster "
         "(`sotw cluster` starts one here); default the pipeline's local[2]",
     )
+    _add_source(p)
     if command == "capacity":
         p.add_argument(
             "--method",
@@ -162,6 +164,16 @@ def job_from_args(args: argparse.Namespace) -> JobSpec | None:
     )
 
 
+def _add_source(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--source",
+        choices=SOURCES,
+        default=None,
+        help="Kafka reader of sotw's pipeline under test: Spark's own connector or sotw's Python data source "
+        "(default: the profile's, else the pipeline's default)",
+    )
+
+
 def _drill_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="sotw drill",
@@ -175,6 +187,7 @@ def _drill_parser() -> argparse.ArgumentParser:
         default=None,
         help="Spark master of the pipeline under test (spark://HOST:PORT; the worker-kill drills need one)",
     )
+    _add_source(p)
     p.add_argument(
         "--run-dir", type=Path, default=None, help="where to write (default runs/drill-<name>-<time>)"
     )
@@ -257,6 +270,8 @@ def drill_main(rest: Sequence[str]) -> int:
     drill = load_drill(args.drill)
     if args.master:
         drill = dataclasses.replace(drill, pipeline={**drill.pipeline, "master": args.master})
+    if args.source:
+        drill = dataclasses.replace(drill, pipeline={**drill.pipeline, "source": args.source})
     kafka: KafkaConfig | None = kafka_config(args) if args.bootstrap else None
     commands = BrokerCommands(
         args.broker_stop_cmd, args.broker_start_cmd, args.broker_pause_cmd, args.broker_resume_cmd
@@ -291,6 +306,8 @@ def _profile(args: argparse.Namespace) -> Profile:
         pipeline = dataclasses.replace(pipeline, policy=args.policy)
     if args.master is not None:
         pipeline = dataclasses.replace(pipeline, master=args.master)
+    if args.source is not None:
+        pipeline = dataclasses.replace(pipeline, source=args.source)
     return dataclasses.replace(profile, run=run, pipeline=pipeline)
 
 

@@ -25,6 +25,7 @@ import psutil
 
 from loadtest.errors import HarnessError
 from loadtest.profile import PipelineSettings
+from sotw.errors import SotwError
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +37,8 @@ PLACEHOLDERS: dict[str, str] = {
     "output": "where the job must write (the harness reads it from there)",
     "checkpoint": "the job's checkpoint directory (the harness reads its lag from there)",
     "run_dir": "the run directory",
-    "python": "the Python interpreter running the harness",
+    "python": "the Python interpreter running the harness (its Spark has the Kafka connector's and Delta's jars)",
+    "jars": "the Kafka connector's and Delta's jars, comma-separated, for spark-submit --jars or spark.jars",
     "trigger": "the profile's micro-batch interval (1s, 500ms)",
     "trigger_ms": "the same in milliseconds",
     "session_timeout": "the profile's session timeout (20s)",
@@ -166,11 +168,23 @@ class PipelineProcessConfig:
             "checkpoint": str(self.checkpoint),
             "run_dir": str(self.run_dir or self.output.parent),
             "python": sys.executable,
+            "jars": self._jars(),
             "trigger": self.settings.trigger,
             "trigger_ms": str(parse_trigger(self.settings.trigger)),
             "session_timeout": self.settings.session_timeout,
             "policy": self.settings.policy,
         }
+
+    def _jars(self) -> str:
+        """``{jars}``, looked up only for a template that uses it (a bundle missing fails the run at start)."""
+        if self.template is None or "jars" not in self.template.placeholders():
+            return ""
+        from sotw.sparkjars import spark_jars
+
+        try:
+            return ",".join(str(p) for p in spark_jars())
+        except SotwError as exc:
+            raise HarnessError(f"--pipeline-cmd uses {{jars}}: {exc}") from None
 
     def argv(self) -> list[str]:
         """The command line."""

@@ -37,7 +37,7 @@ from typing import Any
 from loadtest.errors import HarnessError
 from loadtest.expect import Policy
 from loadtest.incidents import Incident, incident_from_mapping
-from pipeline.config import parse_trigger
+from pipeline.config import SOURCES, parse_trigger
 from pipeline.errors import ConfigError
 from pipeline.policies import PolicyConfig
 from simulator.config import FaultConfig, SimulatorConfig, known_settings
@@ -73,6 +73,7 @@ _TYPED_FLAGS = {
     "--shuffle-partitions": "shuffle_partitions",
     "--discovery-interval": "discovery_interval",
     "--master": "master",
+    "--source": "source",
 }
 
 
@@ -105,6 +106,9 @@ class PipelineSettings:
     master
         The Spark master the pipeline runs on (``spark://HOST:PORT`` for a standalone cluster); None for the
         pipeline's own default (``local[2]``).
+    source
+        The pipeline's Kafka reader (``pipeline.config.SOURCES``: ``spark-kafka``, Spark's own connector, or
+        ``sotw-kafka``, sotw's Python data source); None for the pipeline's default.
     extra_args
         Any other ``sotw pipeline`` flags, passed through unread (``--conf k=v``); a flag that has a field
         above is refused here, so the harness never misreads it.
@@ -120,6 +124,7 @@ class PipelineSettings:
     shuffle_partitions: int | None = None
     discovery_interval: str = "1s"
     master: str | None = None
+    source: str | None = None
     extra_args: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -147,6 +152,8 @@ class PipelineSettings:
             raise HarnessError(
                 f"pipeline.master must be a Spark master URL such as spark://host:7077, got {self.master!r}"
             )
+        if self.source is not None and self.source not in SOURCES:
+            raise HarnessError(f"pipeline.source must be one of {', '.join(SOURCES)}, got {self.source!r}")
         if not isinstance(self.extra_args, tuple) or not all(isinstance(a, str) for a in self.extra_args):
             raise HarnessError(f"pipeline.extra_args must be a list of strings, got {self.extra_args!r}")
         for arg in self.extra_args:
@@ -213,6 +220,7 @@ class PipelineSettings:
             ("--max-offsets-per-trigger", self.max_offsets_per_trigger),
             ("--shuffle-partitions", self.shuffle_partitions),
             ("--master", self.master),
+            ("--source", self.source),
         ):
             if value is not None:
                 out += [flag, str(value)]

@@ -55,8 +55,8 @@ class PipelineConfig:
     discovery_interval_ms
         How often new topics matching ``pattern`` are looked for.
     source
-        ``sotw-kafka`` (Python data source, works everywhere) or ``spark-kafka`` (Spark's JVM connector,
-        where its jar is installed).
+        ``sotw-kafka`` (sotw's Python data source) or ``spark-kafka`` (Spark's JVM connector, from the
+        jars ``make setup`` fetches).
     spark
         How to start Spark.
     progress_path

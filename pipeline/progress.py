@@ -82,7 +82,7 @@ def _idle(progress: dict[str, Any]) -> bool:
 def _add_lag_metrics(progress: dict[str, Any]) -> None:
     """Fill each source's ``metrics`` with its lag, as Spark's Kafka source does.
 
-    PySpark 4.3 gives a Python source no way to report metrics itself, so the listener computes them from the
+    PySpark (4.2, 4.3) gives a Python source no way to report metrics itself, so the listener computes them from the
     progress' ``latestOffset`` and ``endOffset`` (see ``pipeline.source.offsets_behind``).
     """
     from pipeline.source import offsets_behind

@@ -92,6 +92,12 @@ def _delayed(sink: OutputWriter, delay_s: float) -> Callable[[Any, int], None]:
     return write
 
 
+# Spark's Kafka connector's data loss (``KafkaIllegalStateException``, or the ``KAFKA_DATA_LOSS`` error class): a
+# paragraph whose "Reason:" line says which offsets of which partition are gone.
+_SPARK_DATA_LOSS = re.compile(
+    r"Some data may have been lost because they are not available in Kafka any more"
+)
+_SPARK_LOSS_REASON = re.compile(r"Reason: (.+?)(?:\n\s*with consumer group|\n\n|$)", re.S)
 _VIOLATION = re.compile(r"(IntegrityViolation|DataLossError|PipelineError): (.+?)(?:\n|$)")
 # How Java and Python name a file that cannot be written: "<path> (Operation not permitted)" and the like.
 _STORAGE = re.compile(
@@ -120,6 +126,14 @@ def explain_failure(exc: BaseException) -> PipelineError:
             "the checkpoint's state is keyed differently from this pipeline's (it was written by another query, or "
             "by a sotw from before sessions were placed by sensor): it cannot be resumed; start with a new "
             "--checkpoint and --output"
+        )
+    if _SPARK_DATA_LOSS.search(text):
+        reason = _SPARK_LOSS_REASON.search(text)
+        detail = " ".join(reason.group(1).split()).rstrip(".") if reason else "offsets the query still needs"
+        return PipelineError(
+            f"Kafka data lost (Spark's Kafka connector): {detail[0].lower() + detail[1:]}: they are no longer "
+            "available (aged out by retention, deleted, or the topic was deleted or recreated). The query stops "
+            "because failOnDataLoss is true; pass --no-fail-on-data-loss to continue from the data that still exists"
         )
     match = _VIOLATION.search(text)
     if match:

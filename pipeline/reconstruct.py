@@ -229,7 +229,8 @@ def group_sessions(df: Any, partitions: int) -> Any:
     """
     from pyspark.sql import functions as F
 
-    if "values" in df.columns:
+    packed = "values" in df.columns
+    if packed:
         messages = [F.col(name) for name in INPUT_COLUMNS[3:]]
     else:
         messages = [
@@ -240,7 +241,8 @@ def group_sessions(df: Any, partitions: int) -> Any:
     group_key = F.coalesce(F.col("key"), F.lit(bytearray()))
     prepared = df.select(
         group_key.alias("group_key"),
-        slot(F.col("topic"), group_key, partitions).alias("slot"),
+        # One row per message (Spark's connector): the slot's compiled form, see ``placement.slot``.
+        slot(F.col("topic"), group_key, partitions, compiled=not packed).alias("slot"),
         F.col("key"),
         F.col("topic"),
         F.col("partition"),

@@ -1,8 +1,9 @@
 """Kafka as a Spark source without Spark's JVM connector: ``spark.readStream.format("sotw-kafka")``.
 
-Spark's own Kafka connector is a Maven jar this machine cannot download, so the pipeline reads Kafka through
-PySpark's Python Data Source API and confluent-kafka. The source mirrors Spark's Kafka source, so the same
-query runs on either (``--source spark-kafka`` swaps in ``format("kafka")`` where the jar exists):
+sotw's own reader of Kafka, through PySpark's Python Data Source API and confluent-kafka, and the pipeline's
+default source: it hands the stateful step one packed row per session and partition instead of one per message
+(docs/pipeline.md, "Kafka source", has the measurements). It mirrors Spark's Kafka connector, so the same
+query runs on either (``--source spark-kafka`` swaps in ``format("kafka")``):
 
 * the same options (``kafka.*`` pass-through, ``subscribe``, ``subscribePattern``, ``startingOffsets``,
   ``endingOffsets``, ``failOnDataLoss``, ``maxOffsetsPerTrigger``, ``minPartitions``,
@@ -649,7 +650,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def reportLatestOffset(self) -> dict[str, dict[str, int]] | None:  # noqa: N802
         """The newest available offsets at the last trigger; Spark shows them as the source's ``latestOffset``.
 
-        With the batch's ``endOffset`` they give the lag (``offsets_behind``): PySpark 4.3 has no way for a
+        With the batch's ``endOffset`` they give the lag (``offsets_behind``): PySpark (4.2, 4.3) has no way for a
         Python source to add its own ``metrics`` to the query progress.
         """
         return offsets_to_json(self._latest) if self._latest else None
@@ -1033,7 +1034,7 @@ def _partition_state(
 def offsets_behind(source_progress: Mapping[str, Any]) -> Lag | None:
     """Lag of one trigger from a source's progress (``query.lastProgress["sources"][0]``).
 
-    PySpark 4.3 does not let a Python source add ``metrics`` to its progress, so this source reports the
+    PySpark (4.2, 4.3) does not let a Python source add ``metrics`` to its progress, so this source reports the
     newest available offsets as the progress' ``latestOffset`` and the lag is computed from it and the
     batch's ``endOffset`` here, exactly as Spark's Kafka source computes ``maxOffsetsBehindLatest``. It works
     for Spark's own Kafka source too, whose progress has the same two fields. ``None`` when either is absent.

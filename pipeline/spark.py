@@ -12,6 +12,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
+from sotw.sparkjars import BUNDLES, spark_jars
+
 CHECKPOINT_FILE_MANAGER = (
     "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
 )
@@ -31,6 +33,10 @@ class SparkConfig:
         ``spark.sql.shuffle.partitions``: the number of state-store partitions of the stateful step.
     ui
         Start the Spark web UI.
+    jar_bundles
+        The bundles of jars given to Spark as local jars (``spark.jars``, after any of ``extra``'s): Spark's
+        Kafka connector (``format("kafka")``, ``--source spark-kafka``) and Delta Lake's Spark jars, fetched
+        by ``make setup`` and checked against the installed PySpark (``sotw.sparkjars.spark_jars``).
     driver_java_options
         JVM options of the driver (with ``local[...]``, the JVM that runs the tasks too), placed before any
         ``spark.driver.extraJavaOptions`` in ``extra``, so those win where they overlap. The default stops
@@ -48,6 +54,7 @@ class SparkConfig:
     shuffle_partitions: int = 2
     ui: bool = False
     driver_java_options: str = "-XX:TieredStopAtLevel=1"
+    jar_bundles: tuple[str, ...] = BUNDLES
     extra: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -67,11 +74,29 @@ def driver_java_options(cfg: SparkConfig) -> str:
     return " ".join(opts for opts in (cfg.driver_java_options, user) if opts)
 
 
+def jars_setting(cfg: SparkConfig) -> str:
+    """``spark.jars``: the user's (``extra``), then every jar of ``cfg.jar_bundles``, comma-separated.
+
+    Raises
+    ------
+    sotw.errors.SetupError
+        Naming ``make setup`` when a bundle is missing or built for another Spark than the installed PySpark.
+    """
+    ours = [str(p) for p in spark_jars(cfg.jar_bundles)] if cfg.jar_bundles else []
+    user = [j for j in cfg.extra.get("spark.jars", "").split(",") if j]
+    return ",".join(user + [j for j in ours if j not in user])
+
+
 def build_session(config: SparkConfig | None = None, app_name: str = "sotw") -> Any:
-    """Create (or return) the SparkSession configured for sotw, with the Kafka data source registered."""
+    """Create (or return) the SparkSession configured for sotw, with the Kafka data source registered.
+
+    Spark's Kafka connector and Delta Lake's jars are given as local jars (``jars_setting``): nothing is
+    resolved at run time, and a missing or mismatched bundle fails here, naming ``make setup``.
+    """
     from pyspark.sql import SparkSession
 
     cfg = config or SparkConfig()
+    jars = jars_setting(cfg)
     # Python UDFs and data sources run ``PYSPARK_PYTHON`` (default: ``python3`` on PATH), not
     # ``spark.pyspark.python``; without this, workers start an interpreter that lacks sotw's dependencies.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -97,6 +122,8 @@ def build_session(config: SparkConfig | None = None, app_name: str = "sotw") -> 
         .config("spark.sql.streaming.checkpointFileManagerClass", CHECKPOINT_FILE_MANAGER)
     )
     settings = dict(cfg.extra)
+    if jars:
+        settings["spark.jars"] = jars
     java_options = driver_java_options(cfg)
     if java_options:
         settings["spark.driver.extraJavaOptions"] = java_options

@@ -108,7 +108,9 @@ def classpath(bundle: str, prefix: Path | None = None) -> list[Path]:
         Naming ``make setup`` if the bundle was never fetched, a jar is missing or of another size than
         Maven copied (a truncated or replaced file), or the bundle's ``pom.xml`` changed since.
     """
-    pom = _pom(bundle)
+    # A sotw installed from a wheel (the Docker image) has no jars/ beside it: its bundles were fetched from
+    # the source tree at build time, and there is no newer pom.xml to be outdated against.
+    pom = _pom(bundle) if DEFINITIONS.is_dir() else None
     folder = bundle_dir(bundle, prefix)
     fix = "run `make setup` to fetch them"
     try:
@@ -119,7 +121,7 @@ def classpath(bundle: str, prefix: Path | None = None) -> list[Path]:
         raise SetupError(
             f"the {bundle} jars' manifest {folder / MANIFEST} is unreadable ({exc}): {fix}"
         ) from None
-    if manifest.get("pom_sha256") != _digest(pom):
+    if pom is not None and manifest.get("pom_sha256") != _digest(pom):
         raise SetupError(f"the {bundle} jars in {folder} are from an older jars/{bundle}/pom.xml: {fix}")
     jars: list[Path] = []
     for name, size in manifest["jars"].items():
@@ -133,12 +135,22 @@ def classpath(bundle: str, prefix: Path | None = None) -> list[Path]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m sotw.jars fetch BUNDLE...`` (make setup) or ``python -m sotw.jars classpath BUNDLE``."""
+    """``python -m sotw.jars fetch BUNDLE...`` (make setup), ``classpath BUNDLE`` or ``spark-defaults``.
+
+    ``spark-defaults`` (make setup) writes Spark's Kafka connector and Delta's jars into PySpark's
+    ``spark-defaults.conf`` (``sotw.sparkjars.install``).
+    """
     parser = argparse.ArgumentParser(prog="python -m sotw.jars", description=__doc__.split("\n\n")[0])
-    parser.add_argument("action", choices=("fetch", "classpath"))
-    parser.add_argument("bundles", nargs="+", metavar="BUNDLE")
+    parser.add_argument("action", choices=("fetch", "classpath", "spark-defaults"))
+    parser.add_argument("bundles", nargs="*", metavar="BUNDLE")
     args = parser.parse_args(argv)
+    if (args.action == "spark-defaults") != (not args.bundles):
+        parser.error("name the bundles to fetch or list, and none for spark-defaults")
     try:
+        if args.action == "spark-defaults":
+            from sotw.sparkjars import install
+
+            print(f"wrote {install()}: every Spark of this environment gets the Kafka connector and Delta")
         for bundle in args.bundles:
             if args.action == "fetch":
                 folder = fetch(bundle)

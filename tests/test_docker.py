@@ -411,22 +411,17 @@ def test_dockerfile_builds_python_311_with_java_17_and_installs_the_project() ->
     assert {".venv", ".git"} <= set(ignored), "the build context must not carry the virtualenv or git history"
 
 
-def test_spark_kafka_connector_matches_the_installed_pyspark_version_and_scala() -> None:
+def test_the_image_fetches_the_kafka_connector_and_delta_for_exactly_its_pyspark() -> None:
     import pyspark
 
-    conf = dict(
-        line.split(None, 1)
-        for line in (DOCKER / "spark-defaults.conf").read_text().splitlines()
-        if line.strip() and not line.startswith("#")
-    )
-    group, artifact, version = conf["spark.jars.packages"].strip().split(":")
-    assert (group, artifact.rsplit("_", 1)[0]) == ("org.apache.spark", "spark-sql-kafka-0-10")
-    [scala_jar] = (Path(pyspark.__file__).parent / "jars").glob("scala-library-*.jar")
-    scala = ".".join(scala_jar.stem.removeprefix("scala-library-").split(".")[:2])
-    assert artifact.rsplit("_", 1)[1] == scala, f"connector is for Scala {artifact}, PySpark uses {scala}"
-    assert version == pyspark.__version__, f"connector {version} but pyspark {pyspark.__version__}"
+    # The image installs exactly the PySpark that make setup does, and fetches the same bundles of jars.
     pins = re.findall(r"^pyspark==(\S+)", (DOCKER / "constraints.txt").read_text(), re.M)
-    assert pins == [version], "the image must install exactly the PySpark the connector is built for"
+    assert pins == [pyspark.__version__], "the image must install exactly the PySpark the jars are built for"
+    pom = (ROOT / "jars" / "spark-kafka" / "pom.xml").read_text()
+    assert f"<spark.version>{pyspark.__version__}</spark.version>" in pom
+    assert re.search(r"python -m sotw\.jars fetch spark-kafka delta", DOCKERFILE)
+    # Nothing is resolved at run time: no Ivy coordinates in the image's Spark defaults.
+    assert "spark.jars.packages" not in (DOCKER / "spark-defaults.conf").read_text()
     assert "SPARK_CONF_DIR=/etc/sotw/spark" in DOCKERFILE
 
 

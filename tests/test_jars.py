@@ -63,7 +63,9 @@ def test_a_bundle_from_an_older_pom_asks_for_make_setup(tmp_path: Path):
 
 
 def test_an_unknown_bundle_is_named_with_the_known_ones():
-    with pytest.raises(SetupError, match=r"no bundle of jars named 'spark' \(known: kafka\)"):
+    with pytest.raises(
+        SetupError, match=r"no bundle of jars named 'spark' \(known: delta, kafka, spark-kafka\)"
+    ):
         classpath("spark")
 
 

@@ -35,6 +35,21 @@ def test_a_template_is_filled_in_word_by_word_without_a_shell(tmp_path: Path) ->
     assert argv[-1] == sys.executable
 
 
+def test_jars_names_the_installed_kafka_connector_and_delta_for_spark_submit(tmp_path: Path) -> None:
+    from sotw.sparkjars import spark_jars
+
+    config = PipelineProcessConfig(
+        "127.0.0.1:9092",
+        tmp_path / "out",
+        tmp_path / "ckpt",
+        template=CommandTemplate(TEMPLATE.replace("spark-submit ", "spark-submit --jars {jars} ")),
+    )
+    argv = config.argv()
+    jars = argv[argv.index("--jars") + 1].split(",")
+    assert jars == [str(p) for p in spark_jars()]
+    assert any("spark-sql-kafka" in j for j in jars) and any("delta-spark" in j for j in jars)
+
+
 @pytest.mark.parametrize(
     ("template", "problem"),
     [

@@ -66,7 +66,8 @@ def run_job(tmp_path: Path, kafka: KafkaConfig, example: str, faults: float, *fl
     # Lag from the job's own checkpoint: it fell to zero after the load, with everything sent consumed.
     last = [s for s in samples if s["phase"] in ("drain", "settle")][-1]
     assert last["lag_offsets"] == 0 and last["consumed"] >= last["acked"] > 0
-    assert max(s.get("batches", 0) for s in samples) > 3
+    # The batch count comes from the job's checkpoint too (a Delta MERGE per batch makes few, large ones).
+    assert max(s.get("batches", 0) for s in samples) >= 3
     return results
 
 

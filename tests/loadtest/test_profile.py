@@ -56,11 +56,12 @@ def test_a_window_lateness_reaches_both_the_pipeline_command_and_the_verifier(tm
     assert argv[argv.index("--window-messages") + 1] == "50"
     assert argv[argv.index("--max-offsets-per-trigger") + 1] == "5000"
     assert argv[argv.index("--policy") + 1] == "window"
-    timing = {
-        "session_timeout_ms": profile.pipeline.session_timeout_ms,
-        "trigger_ms": profile.pipeline.trigger_ms,
-    }
-    assert profile.pipeline.verifier_policy() == Policy("window", window_messages=50, **timing)
+    assert profile.pipeline.verifier_policy() == Policy(
+        "window",
+        window_messages=50,
+        session_timeout_ms=profile.pipeline.session_timeout_ms,
+        trigger_ms=profile.pipeline.trigger_ms,
+    )
 
 
 def test_the_pipeline_command_line_is_what_sotw_pipeline_parses_back(tmp_path):

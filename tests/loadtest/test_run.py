@@ -50,6 +50,34 @@ def test_a_short_run_passes_and_writes_its_report(smoke, kafka: KafkaConfig, tmp
     assert drained and drained[-1]["consumed"] == drained[-1]["sent"] and drained[-1]["lag_offsets"] == 0
 
 
+def test_a_run_on_spark_s_kafka_connector_killed_mid_run_passes_with_its_lag_from_the_checkpoint(
+    smoke, kafka: KafkaConfig, tmp_path
+):
+    from loadtest.incidents import incident_from_mapping
+
+    on_spark = dataclasses.replace(
+        smoke,
+        pipeline=dataclasses.replace(smoke.pipeline, source="spark-kafka"),
+        run=dataclasses.replace(smoke.run, steady_s=16.0),
+    )
+    kill = incident_from_mapping({"kind": "pipeline_kill", "at_s": 3, "restart_after_s": 2}, "test")
+    result = execute(RunRequest(on_spark, 1.0, tmp_path / "run", kafka, incidents=(kill,)))
+
+    assert result.verdict.verdict == "PASS", result.verdict.reasons
+    assert [i.kind for i in result.incidents] == ["pipeline_kill"]
+    c = result.correctness
+    assert c is not None and c.rows_lost == c.rows_repeated == 0 and c.sessions_exact > 0
+    assert result.run.profile["pipeline"]["source"] == "spark-kafka"
+    samples = [json.loads(line) for line in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
+    drained = [s for s in samples if s["phase"] == "settle"]
+    assert drained and drained[-1]["consumed"] == drained[-1]["sent"] and drained[-1]["lag_offsets"] == 0
+    # The lag was read from the connector's offsets in the checkpoint: its last batch ends where the topics do.
+    offsets = tmp_path / "run" / "pipeline" / "checkpoint" / "offsets"
+    last = max(int(p.name) for p in offsets.iterdir() if p.name.isdigit())
+    positions = json.loads((offsets / str(last)).read_text().splitlines()[-1])
+    assert sum(o for parts in positions.values() for o in parts.values()) == drained[-1]["consumed"]
+
+
 def test_a_pipeline_that_skips_a_batch_fails_and_is_blamed(smoke, kafka: KafkaConfig, tmp_path):
     from loadtest.report import write_report
 

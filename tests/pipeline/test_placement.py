@@ -45,6 +45,21 @@ def test_sessions_of_sensors_numbered_in_sequence_spread_evenly_over_the_state_p
     assert per_partition == [24 // partitions] * partitions
 
 
+@pytest.mark.parametrize("partitions", [2, 4, 7])
+def test_the_compiled_slot_gives_every_key_the_same_slot_as_the_default_one(spark, partitions):
+    from pyspark.sql import functions as F
+
+    rows = [(f"sotw-sensor-{n % 30:04d}", f"session-{n * 7919:08x}".encode()) for n in range(500)]
+    rows += [("kitchen", f"k-{n}".encode()) for n in range(50)] + [("sotw-sensor-0003", b"")]
+    df = spark.createDataFrame(rows, "topic string, key binary")
+    both = df.select(
+        slot(F.col("topic"), F.col("key"), partitions).alias("default"),
+        slot(F.col("topic"), F.col("key"), partitions, compiled=True).alias("compiled"),
+    ).collect()
+    assert all(r["default"] == r["compiled"] for r in both)
+    assert len({r["default"] for r in both}) > 1
+
+
 def test_topics_without_a_number_keep_the_sessions_own_hash_placement(spark):
     keys = [("kitchen", f"session-{n * 7919:08x}") for n in range(40)]
 
