@@ -64,7 +64,8 @@ class Sizes:
     """How big each benchmark runs: the full night, or ``--quick`` for a check that takes minutes.
 
     ``drill_repeats`` caps the drill's pairs (a drill is the longest benchmark: with one pair it is reported,
-    not judged); ``benchmarks`` are the ones the set runs by default.
+    not judged); ``benchmarks`` are the ones the set runs by default; ``budget_s`` is the time the night may
+    take, baseline included, which the pairs added for noisy metrics may not exceed.
     """
 
     name: str
@@ -77,6 +78,7 @@ class Sizes:
     bench_loads: tuple[str, ...]
     benchmarks: tuple[str, ...]
     drill_repeats: int = 1
+    budget_s: float = 1740.0
 
 
 FULL = Sizes("full", 300_000, 200_000, 25_000, 24, "baseline", 20.0, ("1x", "10x"), BENCHMARKS)
@@ -90,6 +92,7 @@ QUICK = Sizes(
     10.0,
     ("1x",),
     ("micro", "simulator_vs_bare", "pipeline_vs_bare", "bench"),
+    budget_s=570.0,
 )
 
 # The drill of a quick night (``--quick --only drill``): kill -9 of the pipeline on the smoke profile.
@@ -137,6 +140,9 @@ class NightlyConfig:
         this long (in the pipeline benchmark and the load tests); the simulator sends this fraction slower.
     python
         The candidate's interpreter (this one).
+    max_repeats
+        The most pairs of a benchmark when a metric of it is too noisy to judge after ``repeats`` (0: twice
+        ``repeats``); extra pairs stop when the night's budget (``Sizes.budget_s``) would be passed.
     bootstrap
         The Kafka cluster every benchmark of both sides uses; empty to start one broker for the night (both
         sides then meet the same broker, as they meet the same machine).
@@ -154,6 +160,7 @@ class NightlyConfig:
     plant_simulator_slowdown: float = 0.0
     python: str = sys.executable
     bootstrap: str = ""
+    max_repeats: int = 0
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.only) - set(BENCHMARKS))
@@ -175,6 +182,11 @@ class NightlyConfig:
     def benchmarks(self) -> tuple[str, ...]:
         """The benchmarks this night runs, in order."""
         return tuple(b for b in BENCHMARKS if b in self.only) if self.only else self.sizes.benchmarks
+
+    @property
+    def most_repeats(self) -> int:
+        """The most pairs of one benchmark."""
+        return max(self.repeats, self.max_repeats or 2 * self.repeats)
 
     @property
     def planted(self) -> dict[str, str]:
@@ -340,11 +352,12 @@ class _Paired:
         """One side's metrics, a value per repetition."""
         return [Metric(n, k, b, list(self.values[side][n]), u) for n, (k, b, u) in self.kinds.items()]
 
-    def judge(self) -> list[PairedJudgement]:
-        """Every metric judged on its pairs."""
+    def judge(self, names: set[str] | None = None) -> list[PairedJudgement]:
+        """Every metric (or those ``names``) judged on its pairs."""
         return [
             judge_pair(n, k, b, self.values[BASELINE][n], self.values[CANDIDATE][n], u)
             for n, (k, b, u) in self.kinds.items()
+            if names is None or n in names
         ]
 
 
@@ -397,13 +410,38 @@ def run_night(config: NightlyConfig, say: Callable[[str], None] = lambda _: None
         CANDIDATE: _SideRuns(config, Side(CANDIDATE, config.commit, REPO, config.python), directory / CANDIDATE, say),
     }  # fmt: skip
     paired = _Paired.empty()
+    clock = time.monotonic()
+    done: dict[str, int] = {}
+    seconds: dict[str, float] = {}
+    produced: dict[str, set[str]] = {}
+
+    def pair(name: str) -> None:
+        # A B, then B A: neither side always runs first, so a machine that warms up or slows down over the
+        # night does not favour one.
+        i, start = done.get(name, 0), time.monotonic()
+        for side in (BASELINE, CANDIDATE) if i % 2 == 0 else (CANDIDATE, BASELINE):
+            metrics = getattr(sides[side], name)(i)
+            paired.add(side, i, metrics)
+            produced.setdefault(name, set()).update(m.name for m in metrics)
+        done[name] = i + 1
+        seconds[name] = seconds.get(name, 0.0) + time.monotonic() - start
+
     for name in config.benchmarks:
-        repeats = min(config.repeats, config.sizes.drill_repeats) if name == "drill" else config.repeats
-        for i in range(repeats):
-            # A B, then B A: neither side always runs first, so a machine that warms up or slows down over
-            # the night does not favour one.
-            for side in (BASELINE, CANDIDATE) if i % 2 == 0 else (CANDIDATE, BASELINE):
-                paired.add(side, i, getattr(sides[side], name)(i))
+        for _ in range(
+            min(config.repeats, config.sizes.drill_repeats) if name == "drill" else config.repeats
+        ):
+            pair(name)
+    # Then more pairs of the benchmarks with a metric too noisy to judge, while the night's budget lasts.
+    for name in config.benchmarks:
+        while done[name] < config.most_repeats and name != "drill":
+            noisy = [j for j in paired.judge(produced.get(name, set())) if j.reason.startswith("too noisy")]
+            left = config.sizes.budget_s - (time.monotonic() - clock)
+            if not noisy or seconds[name] / done[name] > left:
+                break
+            say(
+                f"nightly: {len(noisy)} metric(s) of {name} too noisy after {done[name]} pairs: one pair more"
+            )
+            pair(name)
     description["loadavg_end"] = round(os.getloadavg()[0], 2)
     judgements = paired.judge()
     runs = sides[BASELINE].runs + sides[CANDIDATE].runs
@@ -498,6 +536,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--history", type=Path, default=Path("runs/nightly"), help="history root (runs/nightly)")
     p.add_argument("--repeats", type=int, default=3, help="pairs of each benchmark (3)")
     p.add_argument(
+        "--max-repeats",
+        type=int,
+        default=0,
+        help="the most pairs of a benchmark with a metric too noisy to judge, within the budget (2 x --repeats)",
+    )
+    p.add_argument(
         "--only", action="append", choices=BENCHMARKS, default=[], help="run only this benchmark (repeatable)"
     )
     p.add_argument(
@@ -539,6 +583,7 @@ def main(argv: Sequence[str]) -> int:
         commit=git("rev-parse", "HEAD"),
         branch=git("rev-parse", "--abbrev-ref", "HEAD"),
         repeats=args.repeats,
+        max_repeats=args.max_repeats,
         only=tuple(args.only),
         sizes=QUICK if args.quick else FULL,
         drill=args.drill,

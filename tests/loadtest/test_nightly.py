@@ -197,11 +197,12 @@ def run_gate(tmp_path: Path, kafka, *flags: str) -> tuple[int, str, Entry]:
 
 
 def test_the_gate_passes_unchanged_code_and_fails_a_quarter_slower_simulator_naming_its_rate(tmp_path, kafka):
-    only = ["--only", "simulator_vs_bare", "--repeats", "5"]
+    # Five pairs, and up to twelve while a metric is too noisy to judge (a busy machine).
+    only = ["--only", "simulator_vs_bare", "--repeats", "5", "--max-repeats", "12"]
     code, text, entry = run_gate(tmp_path / "same", kafka, *only)
     assert code == 0, text
     assert "no regression" in text and entry.verdict == "pass" and entry.baseline_commit
-    assert len(entry.baseline_metrics) == len(entry.metrics) and all(j.pairs == 5 for j in entry.paired)
+    assert len(entry.baseline_metrics) == len(entry.metrics) and all(j.pairs >= 5 for j in entry.paired)
     assert (tmp_path / "same" / "baselines" / entry.baseline_commit[:12] / "pyproject.toml").is_file()
 
     code, text, entry = run_gate(tmp_path / "slower", kafka, *only, "--plant-simulator-slowdown", "0.25")
