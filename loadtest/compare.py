@@ -85,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str]) -> int:
     """Print the side-by-side table; exit 1 on a regression with ``--fail-on-regression``."""
     from loadtest.history import comparison_text
-    from loadtest.report import _md_table
+    from loadtest.pages import md_table
 
     args = build_parser().parse_args(list(argv))
     a, b = entry_of(args.a), entry_of(args.b)
@@ -94,6 +94,6 @@ def main(argv: Sequence[str]) -> int:
     comparison = compare(b, [a], Thresholds(k=args.k))
     _, rows = comparison_rows(comparison)
     print(f"A: {args.a}\nB: {args.b}\n")
-    print(_md_table((["metric", "status", "B (spread)", "A (spread)", "change", "threshold"], rows)))
+    print(md_table((["metric", "status", "B (spread)", "A (spread)", "change", "threshold"], rows)))
     print(comparison_text(comparison))
     return 1 if args.fail_on_regression and comparison.regressions else 0

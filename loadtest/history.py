@@ -25,7 +25,8 @@ from typing import Any
 from loadtest.errors import HarnessError
 from loadtest.figures import BATCH_STEP
 from loadtest.paired import PairedJudgement
-from loadtest.results import Results, _build, _plain
+from loadtest.plain import from_plain, to_plain
+from loadtest.results import Results
 
 HISTORY_SCHEMA = 1
 BETTER = ("higher", "lower")
@@ -167,7 +168,7 @@ class Entry:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (NaN becomes null)."""
-        out: dict[str, Any] = _plain(dataclasses.asdict(self))
+        out: dict[str, Any] = to_plain(dataclasses.asdict(self))
         return out
 
     def write(self, directory: Path) -> Path:
@@ -199,7 +200,7 @@ class Entry:
                 "(docs/nightly.md lists what each version changed)"
             )
         try:
-            return _build(cls, data, path.name)
+            return from_plain(cls, data, path.name)
         except (TypeError, ValueError) as exc:
             raise HarnessError(f"history entry {path} is invalid: {exc}") from None
 

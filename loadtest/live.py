@@ -46,12 +46,12 @@ from loadtest.headless import CORRECTNESS_COUNTS
 from loadtest.incidents import Incident, IncidentRecord, Schedule, incident_from_mapping
 from loadtest.lines import Events, commands
 from loadtest.liveverify import LiveVerifier
+from loadtest.phases import PhaseClock, apply_schedule, data_loss_reports, drain, pipeline_warm, settle
 from loadtest.processes import AttachedPipeline, PipelineProcess, PipelineProcessConfig
 from loadtest.profile import Profile
 from loadtest.recovery import Stop
 from loadtest.report import write_report
 from loadtest.results import Correctness, Results
-from loadtest.runner import _apply_schedule, _Clock, _data_loss_reports, _drain, _pipeline_warm, _settle
 from loadtest.samplers import KafkaLagProbe, OutputProbe, ProgressProbe, ResourceProbe, Sampler
 from loadtest.stage import LocalControl, RunStage
 from loadtest.triage import Triager
@@ -243,7 +243,7 @@ class Run:
             raise HarnessError(f"run directory {self.run_dir} is not empty; choose a new one")
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.prefix = f"{session.prefix}{name}-"
-        self.clock = _Clock(started_ms=int(time.time() * 1000))
+        self.clock = PhaseClock(started_ms=int(time.time() * 1000))
         self.relay = FleetRelay(self.events)
         self.stop = threading.Event()  # the session is quitting: cut the drain short
         self.stage = LocustStage(
@@ -324,9 +324,9 @@ class Run:
         sent, applied = 0, set[int]()
         while not self._ended.wait(0.25):
             elapsed = time.monotonic() - begun
-            _apply_schedule(self.profile, self.relay, elapsed, applied)
+            apply_schedule(self.profile, self.relay, elapsed, applied)
             if self.clock.current == "warmup" and elapsed >= settings.warmup_s:
-                if _pipeline_warm(self.sampler, elapsed, settings) and not self.relay.stopping:
+                if pipeline_warm(self.sampler, elapsed, settings) and not self.relay.stopping:
                     self._enter_steady()
             if self.clock.current == "steady" and self.sampler.rows and not self.relay.stopping:
                 self._steady_load.append(float(self.sampler.rows[-1].get("load", 0.0)))
@@ -444,7 +444,7 @@ class Run:
                 return drain_detail(rows[-1] if rows else {}, elapsed, settings.drain_max_s)
 
             with self.ticking("drain", drained, settings.drain_max_s):
-                drain_s = _drain(self.sampler, pipe, settings.drain_max_s, self.stop)
+                drain_s = drain(self.sampler, pipe, settings.drain_max_s, self.stop)
             interrupted = self.stop.is_set()
             if drain_s is not None and not interrupted:
                 self.clock.enter("settle")
@@ -457,7 +457,7 @@ class Run:
                     return f"sessions the load left open time out in the pipeline: {left:.0f} s left"
 
                 with self.ticking("settle", settling, settle_s):
-                    _settle(self.profile, pipe, self.stop)
+                    settle(self.profile, pipe, self.stop)
                 interrupted = self.stop.is_set()
         if self.verifier is not None:
             self.progress("verify", "the live verifier's last pass (latency up to the end)")
@@ -519,7 +519,7 @@ class Run:
             verify_cpu_s=time.process_time() - cpu0,
             incidents=self.incident_records,
             stopped=self.stopped,
-            data_loss_reports=_data_loss_reports(log_path),
+            data_loss_reports=data_loss_reports(log_path),
             output_spec=OutputSpec(s.output) if s.output is not None else None,
         )
         self.progress("report", "the figures, results.json and the report")

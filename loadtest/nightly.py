@@ -493,7 +493,7 @@ def comparison_text(entry: Entry) -> str:
 
 def write_comparison(config: NightlyConfig, entry: Entry) -> Path:
     """``comparison.md`` for ``entry`` and the trend page over the whole history; return the former."""
-    from loadtest.report import _md_table
+    from loadtest.pages import md_table
 
     text = [
         f"# sotw nightly {entry.label}",
@@ -502,7 +502,7 @@ def write_comparison(config: NightlyConfig, entry: Entry) -> Path:
         comparison_text(entry),
         "```",
         "",
-        _md_table(judgement_rows(entry.paired)),
+        md_table(judgement_rows(entry.paired)),
     ]
     failed = failed_benchmarks(entry.benchmarks)
     if failed:

@@ -41,8 +41,8 @@ import numpy as np
 import psutil
 
 from loadtest.errors import HarnessError
+from loadtest.plain import from_plain, to_plain
 from loadtest.profile import Profile, load_profile
-from loadtest.results import _build, _plain
 from sotw.kafka import topic_pattern
 
 MEASUREMENTS_SCHEMA = 1
@@ -95,7 +95,7 @@ class Measurements:
     def to_json(self, path: Path) -> None:
         """Write as JSON (NaN as null)."""
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(_plain(dataclasses.asdict(self)), indent=2) + "\n", encoding="utf-8")
+        path.write_text(json.dumps(to_plain(dataclasses.asdict(self)), indent=2) + "\n", encoding="utf-8")
 
     @classmethod
     def from_json(cls, path: Path) -> Measurements:
@@ -117,7 +117,7 @@ class Measurements:
                 f"{path} is not plan measurements of version {MEASUREMENTS_SCHEMA}: measure again"
             )
         try:
-            return _build(cls, data, path.name)
+            return from_plain(cls, data, path.name)
         except (TypeError, ValueError) as exc:
             raise HarnessError(f"{path} is invalid: {exc}") from None
 

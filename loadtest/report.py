@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import html
-import io
 import logging
 import math
 from collections.abc import Callable, Sequence
@@ -18,10 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from matplotlib.axes import Axes
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, NullFormatter
 
+from loadtest.pages import CSS, html_table, md_table, png_bytes
 from loadtest.results import Correctness, Results, Series
 
 log = logging.getLogger(__name__)
@@ -126,13 +125,6 @@ def key_numbers(result: Results) -> list[tuple[str, str, str]]:
 # ------------------------------------------------------------------------------------------------ charts
 
 
-def _png(fig: Figure) -> bytes:
-    FigureCanvasAgg(fig)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
-    return buf.getvalue()
-
-
 INCIDENT_COLOUR = "#d62728"
 
 
@@ -215,7 +207,7 @@ def chart_over_time(
     for ax in axes:
         ax.set_ylim(bottom=0)
     fig.tight_layout()
-    return _png(fig)
+    return png_bytes(fig)
 
 
 def _panels(
@@ -237,7 +229,7 @@ def _panels(
             for ax in axes[i]:
                 ax.set_ylim(bottom=0)
     fig.tight_layout()
-    return _png(fig)
+    return png_bytes(fig)
 
 
 def chart_lag(results: Sequence[Results]) -> bytes | None:
@@ -299,7 +291,7 @@ def chart_percentiles(results: Sequence[Results]) -> bytes | None:
         ax.grid(True, axis="y", alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
-    return _png(fig)
+    return png_bytes(fig)
 
 
 def chart_capacity(result: Results) -> bytes | None:
@@ -329,7 +321,7 @@ def chart_capacity(result: Results) -> bytes | None:
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    return _png(fig)
+    return png_bytes(fig)
 
 
 CAPTIONS = {
@@ -576,16 +568,6 @@ def _scorecard_rows(r: Results) -> tuple[list[str], list[list[str]]]:
     ]
 
 
-def _md_table(table: tuple[list[str], list[list[str]]]) -> str:
-    head, rows = table
-    if not rows:
-        return "_none_\n"
-    esc = [[cell.replace("|", "\\|") for cell in row] for row in rows]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(row) + " |" for row in esc]
-    return "\n".join(lines) + "\n"
-
-
 def markdown_summary(results: Sequence[Results], html_path: Path | None = None) -> str:
     """The Markdown summary: verdicts and reasons, key numbers side by side, correctness and capacity."""
     out = ["# sotw load-test report", ""]
@@ -597,10 +579,10 @@ def markdown_summary(results: Sequence[Results], html_path: Path | None = None) 
                 "",
                 r.drill.description,
                 "",
-                _md_table(_scorecard_rows(r)),
+                md_table(_scorecard_rows(r)),
             ]
         if r.incidents:
-            out += [f"## Incidents ({label(r)})", "", _md_table(_incident_rows(r))]
+            out += [f"## Incidents ({label(r)})", "", md_table(_incident_rows(r))]
     for r in results:
         out.append(
             f"**{label(r)}: {r.verdict.verdict}** — run `{r.run.run_id}`, policy `{r.run.policy}`, "
@@ -611,23 +593,23 @@ def markdown_summary(results: Sequence[Results], html_path: Path | None = None) 
     out += [
         "## Key numbers",
         "",
-        _md_table(_comparison_rows(results)),
+        md_table(_comparison_rows(results)),
         "## Latency percentiles",
         "",
-        _md_table(_latency_rows(results)),
+        md_table(_latency_rows(results)),
     ]
     for r in results:
         if r.correctness is not None:
             out += [
                 f"## Correctness ({label(r)})",
                 "",
-                _md_table(_correctness_rows(r.correctness)),
-                _md_table(_fault_rows(r.correctness)),
+                md_table(_correctness_rows(r.correctness)),
+                md_table(_fault_rows(r.correctness)),
             ]
             if r.correctness.discrepancies:
-                out += ["### Discrepancies and triage", "", _md_table(_triage_rows(r.correctness, 20))]
+                out += ["### Discrepancies and triage", "", md_table(_triage_rows(r.correctness, 20))]
         if r.capacity is not None:
-            out += [f"## Capacity ({label(r)})", "", _md_table(_capacity_rows(r))]
+            out += [f"## Capacity ({label(r)})", "", md_table(_capacity_rows(r))]
     if html_path is not None:
         out.append(f"Full report: {html_path}")
     return "\n".join(out) + "\n"
@@ -664,32 +646,12 @@ def _capacity_rows(r: Results) -> tuple[list[str], list[list[str]]]:
 
 # ------------------------------------------------------------------------------------------------ html
 
-_CSS = """
-body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:2em auto;max-width:1400px;color:#222}
-h1{margin-bottom:0.2em} h2{border-bottom:1px solid #ddd;padding-bottom:0.2em;margin-top:1.6em}
-table{border-collapse:collapse;margin:0.6em 0;font-size:0.9em}
-th,td{border:1px solid #ddd;padding:4px 8px;text-align:left;vertical-align:top} th{background:#f5f5f5}
-.PASS{color:#fff;background:#2e7d32;padding:2px 8px;border-radius:4px}
-.FAIL{color:#fff;background:#c62828;padding:2px 8px;border-radius:4px}
-img{max-width:100%;border:1px solid #eee} pre{background:#f7f7f7;padding:8px;overflow:auto}
-figure{margin:0.6em 0} figcaption{color:#444;font-size:0.9em;max-width:110ch;margin-top:0.3em}
-"""
-
-
-def _html_table(table: tuple[list[str], list[list[str]]]) -> str:
-    head, rows = table
-    if not rows:
-        return "<p><em>none</em></p>"
-    th = "".join(f"<th>{html.escape(h)}</th>" for h in head)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows)
-    return f"<table><tr>{th}</tr>{body}</table>"
-
 
 def render_html(results: Sequence[Results]) -> str:
     """The whole report as one HTML document with its charts embedded."""
     parts = [
         f"<!doctype html><html><head><meta charset='utf-8'><title>sotw load test "
-        f"{html.escape(' vs '.join(label(r) for r in results))}</title><style>{_CSS}</style></head><body>",
+        f"{html.escape(' vs '.join(label(r) for r in results))}</title><style>{CSS}</style></head><body>",
         "<h1>sotw load-test report</h1>",
     ]
     for r in results:
@@ -698,7 +660,7 @@ def render_html(results: Sequence[Results]) -> str:
             parts += [
                 f"<h2>Drill {html.escape(r.drill.name)} <span class='{v}'>{v}</span></h2>",
                 f"<p>{html.escape(r.drill.description)}</p>",
-                _html_table(_scorecard_rows(r)),
+                html_table(_scorecard_rows(r)),
             ]
         if r.incidents:
             parts += [
@@ -706,7 +668,7 @@ def render_html(results: Sequence[Results]) -> str:
                 "<p>Every chart below shades these windows in red. Detection is the first sample with lag well "
                 "above its level before the incident (or a stop); recovery is when lag is back under the "
                 "profile's bound and end-to-end latency within 20 % of its level before (docs/loadtest.md).</p>",
-                _html_table(_incident_rows(r)),
+                html_table(_incident_rows(r)),
             ]
     for r in results:
         v = r.verdict.verdict
@@ -717,7 +679,7 @@ def render_html(results: Sequence[Results]) -> str:
         )
         if r.verdict.reasons:
             parts.append("<ul>" + "".join(f"<li>{html.escape(x)}</li>" for x in r.verdict.reasons) + "</ul>")
-    parts += ["<h2>Key numbers</h2>", _html_table(_comparison_rows(results))]
+    parts += ["<h2>Key numbers</h2>", html_table(_comparison_rows(results))]
     for title, caption, png in charts(results):
         data = base64.b64encode(png).decode("ascii")
         parts += [
@@ -727,9 +689,9 @@ def render_html(results: Sequence[Results]) -> str:
         ]
     parts += [
         "<h2>Latency percentiles</h2>",
-        _html_table(_latency_rows(results)),
+        html_table(_latency_rows(results)),
         "<h2>Resources</h2>",
-        _html_table(_resource_rows(results)),
+        html_table(_resource_rows(results)),
     ]
     for r in results:
         parts += _html_run_details(r)
@@ -743,20 +705,20 @@ def _html_run_details(r: Results) -> list[str]:
     if c is not None:
         parts += [
             f"<h2>Correctness ({html.escape(label(r))})</h2>",
-            _html_table(_correctness_rows(c)),
+            html_table(_correctness_rows(c)),
             "<h3>Injected faults: detected or missed</h3>",
-            _html_table(_fault_rows(c)),
+            html_table(_fault_rows(c)),
             "<h3>Damage window of degraded sessions</h3>",
-            _html_table(_damage_rows(c)),
+            html_table(_damage_rows(c)),
             "<h3>Discrepancies and triage</h3>",
-            _html_table(_triage_rows(c)),
+            html_table(_triage_rows(c)),
         ]
     if r.capacity is not None:
-        parts += [f"<h2>Capacity ({html.escape(label(r))})</h2>", _html_table(_capacity_rows(r))]
+        parts += [f"<h2>Capacity ({html.escape(label(r))})</h2>", html_table(_capacity_rows(r))]
     if r.harness_overhead:
         parts += [
             f"<h3>Harness overhead ({html.escape(label(r))})</h3>",
-            _html_table(_overhead_rows(r.harness_overhead)),
+            html_table(_overhead_rows(r.harness_overhead)),
         ]
     profile = "\n".join(f"{k} = {v!r}" for k, v in sorted(r.run.profile.items()))
     parts += [

@@ -11,13 +11,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from loadtest.errors import HarnessError
+from loadtest.plain import from_plain, to_plain
 
 SCHEMA_VERSION = 2
 LAYERS = ("producer", "broker", "pipeline", "unknown")
@@ -341,7 +341,7 @@ class Results:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (NaN becomes null, because JSON has no NaN)."""
-        return typing.cast(dict[str, Any], _plain(dataclasses.asdict(self)))
+        return typing.cast(dict[str, Any], to_plain(dataclasses.asdict(self)))
 
     def to_json(self, path: Path | None = None) -> str:
         """Serialize to JSON text, and write it to ``path`` when given."""
@@ -372,7 +372,7 @@ class Results:
                 "(docs/results-schema.md lists what each version changed)"
             )
         try:
-            return _build(cls, data, "results")
+            return from_plain(cls, data, "results")
         except (TypeError, ValueError) as exc:
             raise HarnessError(f"results.json is invalid: {exc}") from None
 
@@ -385,71 +385,3 @@ class Results:
         except json.JSONDecodeError as exc:
             raise HarnessError(f"results.json is not JSON: {exc}") from None
         return cls.from_dict(data)
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    return value
-
-
-T = TypeVar("T")
-
-
-def _build(cls: type[T], data: Any, where: str) -> T:
-    if not isinstance(data, dict):
-        raise TypeError(f"{where} must be an object, got {type(data).__name__}")
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    unknown = set(data) - set(fields)
-    if unknown:
-        raise ValueError(f"{where} has unknown fields {sorted(unknown)}")
-    kwargs: dict[str, Any] = {}
-    for name, f in fields.items():
-        if name not in data:
-            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                raise ValueError(f"{where}.{name} is missing")
-            continue
-        kwargs[name] = _convert(hints[name], data[name], f"{where}.{name}")
-    return cls(**kwargs)
-
-
-def _convert(hint: Any, value: Any, where: str) -> Any:
-    origin = typing.get_origin(hint)
-    args = typing.get_args(hint)
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        inner = [a for a in args if a is not type(None)]
-        return _convert(inner[0], value, where)
-    if dataclasses.is_dataclass(hint):
-        return _build(typing.cast(type[Any], hint), value, where)
-    if origin is list:
-        if not isinstance(value, list):
-            raise TypeError(f"{where} must be a list")
-        return [_convert(args[0], v, f"{where}[{i}]") for i, v in enumerate(value)]
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise TypeError(f"{where} must be an object")
-        return {str(k): _convert(args[1], v, f"{where}.{k}") for k, v in value.items()}
-    if hint is Any:
-        return value
-    if hint is float:
-        if value is None:
-            return math.nan
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise TypeError(f"{where} must be a number, got {value!r}")
-        return float(value)
-    if hint is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"{where} must be an integer, got {value!r}")
-        return value
-    if hint is bool and not isinstance(value, bool):
-        raise TypeError(f"{where} must be true or false, got {value!r}")
-    if hint is str and not isinstance(value, str):
-        raise TypeError(f"{where} must be a string, got {value!r}")
-    return value

@@ -16,7 +16,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +25,12 @@ from loadtest.errors import HarnessError
 from loadtest.figures import Outcome
 from loadtest.incidents import BrokerControl, Incident, Schedule
 from loadtest.job import JobSpec, job_parts
-from loadtest.processes import PipelineProcess
+from loadtest.phases import PhaseClock, apply_schedule, data_loss_reports, drain, pipeline_warm, settle
 from loadtest.profile import Profile
 from loadtest.recovery import Stop
-from loadtest.results import Phase, Results
+from loadtest.results import Results
 from loadtest.samplers import ResourceProbe, Sampler, ThreadCpuProbe
-from loadtest.stage import BrokerCommands, CommandControl, LocalControl, RunStage, SimulatorControls
+from loadtest.stage import BrokerCommands, CommandControl, LocalControl, RunStage
 from loadtest.verify import verify_run
 from simulator.producer import Simulator
 from sotw.broker import local_broker
@@ -91,28 +91,6 @@ class RunRequest:
         return self.profile.simulator.rate * self.load_factor
 
 
-@dataclass
-class _Clock:
-    """Phase boundaries in epoch ms, filled in as the run goes."""
-
-    started_ms: int = 0
-    phases: list[Phase] = field(default_factory=list)
-    current: str = "setup"
-
-    def enter(self, name: str) -> None:
-        now = int(time.time() * 1000)
-        if self.phases and self.phases[-1].end_ms == 0:
-            last = self.phases[-1]
-            self.phases[-1] = Phase(last.name, last.start_ms, now)
-        self.phases.append(Phase(name, now, 0))
-        self.current = name
-
-    def close(self) -> None:
-        if self.phases and self.phases[-1].end_ms == 0:
-            last = self.phases[-1]
-            self.phases[-1] = Phase(last.name, last.start_ms, int(time.time() * 1000))
-
-
 Progress = Callable[[str], None]
 
 
@@ -141,7 +119,7 @@ def execute(request: RunRequest, stop: threading.Event | None = None, progress: 
             f"the steady phase ({request.profile.run.steady_s:g} s) must outlast the incidents ({span:g} s) by "
             "10 s at least, so their recovery can be seen: raise run.steady_s"
         )
-    clock = _Clock(started_ms=int(time.time() * 1000))
+    clock = PhaseClock(started_ms=int(time.time() * 1000))
     with contextlib.ExitStack() as stack:
         control: BrokerControl | None
         if request.kafka is None:
@@ -163,7 +141,7 @@ def _run(
     kafka: KafkaConfig,
     broker_pids: Callable[[], list[int] | None],
     control: BrokerControl | None,
-    clock: _Clock,
+    clock: PhaseClock,
     stop: threading.Event,
     progress: Progress,
 ) -> Results:
@@ -243,7 +221,7 @@ def _run(
             if (
                 clock.current == "warmup"
                 and elapsed >= settings.warmup_s
-                and _pipeline_warm(sampler, elapsed, settings)
+                and pipeline_warm(sampler, elapsed, settings)
             ):
                 clock.enter("steady")
                 steady_start = time.monotonic()
@@ -256,7 +234,7 @@ def _run(
                 and (not schedule.is_alive() or schedule.done())
             ):
                 sim_stop.set()
-            _apply_schedule(profile, simulator, elapsed, applied)
+            apply_schedule(profile, simulator, elapsed, applied)
             if stop.is_set():
                 interrupted = True
                 sim_stop.set()
@@ -275,12 +253,12 @@ def _run(
             progress(
                 f"drain: load stopped; waiting up to {settings.drain_max_s:g} s for the pipeline to catch up"
             )
-            drain_s = _drain(sampler, pipe, settings.drain_max_s, stop)
+            drain_s = drain(sampler, pipe, settings.drain_max_s, stop)
             interrupted = stop.is_set()
             if drain_s is not None and not interrupted:
                 # Sessions without an `end` (abandoned) close only when their timeout passes: wait for it.
                 clock.enter("settle")
-                _settle(profile, pipe, stop)
+                settle(profile, pipe, stop)
                 interrupted = stop.is_set()
         if not pipe.alive() and pipeline_failed is None:
             pipeline_failed = f"the pipeline exited with code {pipe.returncode()}: {pipe.tail(2)}"
@@ -313,7 +291,7 @@ def _run(
         verify_cpu_s=time.process_time() - verify_cpu0,
         incidents=schedule.records,
         stopped=stopped,
-        data_loss_reports=_data_loss_reports(pipe.log_path),
+        data_loss_reports=data_loss_reports(pipe.log_path),
         output_spec=job.output,
     )
     results = figures.results(outcome)
@@ -326,67 +304,6 @@ def _kafka_flags(kafka: KafkaConfig) -> list[str]:
     for key, value in kafka.settings.items():
         flags += ["-X", f"{key}={value}"]
     return flags
-
-
-def _pipeline_warm(sampler: Sampler, elapsed: float, settings: Any) -> bool:
-    """True once the pipeline has consumed data and caught up with the warm-up's backlog.
-
-    Its first batches compile and start Python workers, so it falls behind first; measuring from there would
-    count that backlog against the steady phase.
-    """
-    if elapsed >= settings.warmup_s + settings.pipeline_start_timeout_s:
-        return True  # measure anyway; the lag will tell
-    if not sampler.rows:
-        return False
-    last = sampler.rows[-1]
-    return bool(last.get("consumed", 0) > 0 and last.get("lag_age_s", 0.0) <= settings.max_lag_s / 2)
-
-
-def _data_loss_reports(log_path: Path) -> int:
-    """How many times the pipeline reported data the broker no longer had (its "Kafka data lost" lines)."""
-    try:
-        with log_path.open(errors="replace") as lines:
-            return sum(1 for line in lines if "Kafka data lost" in line)
-    except OSError:
-        return 0
-
-
-def _apply_schedule(
-    profile: Profile, simulator: SimulatorControls, elapsed: float, applied: set[int]
-) -> None:
-    """Switch scheduled fault windows on and off (each edge once)."""
-    for i, window in enumerate(profile.schedule):
-        if elapsed >= window.start_s and 2 * i not in applied:
-            applied.add(2 * i)
-            log.info("fault window %d on: %s", i, window.faults)
-            simulator.set_faults(window.faults)
-        if elapsed >= window.end_s and 2 * i + 1 not in applied:
-            applied.add(2 * i + 1)
-            simulator.set_faults(profile.simulator.faults)
-
-
-def _drain(sampler: Sampler, pipe: PipelineProcess, limit_s: float, stop: threading.Event) -> float | None:
-    """Seconds until the pipeline had consumed everything (two samples in a row at zero lag), or None."""
-    start = time.monotonic()
-    seen = len(sampler.rows)
-    zero_in_a_row = 0
-    while time.monotonic() - start < limit_s and not stop.is_set() and pipe.alive():
-        time.sleep(0.5)
-        for row in sampler.rows[seen:]:
-            zero_in_a_row = zero_in_a_row + 1 if row.get("lag_offsets", 1) == 0 else 0
-        seen = len(sampler.rows)
-        if zero_in_a_row >= 2:
-            return time.monotonic() - start
-    return None
-
-
-def _settle(profile: Profile, pipe: PipelineProcess, stop: threading.Event) -> None:
-    """Wait for the session timeout plus two triggers, so sessions left open by the load are closed."""
-    timeout_ms = profile.pipeline.session_timeout_ms
-    trigger_ms = profile.pipeline.trigger_ms
-    deadline = time.monotonic() + (timeout_ms + 3 * trigger_ms) / 1000.0
-    while time.monotonic() < deadline and not stop.is_set() and pipe.alive():
-        time.sleep(0.25)
 
 
 class _SimulatorProbe:

@@ -17,8 +17,8 @@ from pathlib import Path
 from matplotlib.figure import Figure
 
 from loadtest.history import Entry
+from loadtest.pages import CSS, html_table, png_bytes
 from loadtest.paired import judgement_rows
-from loadtest.report import _CSS, _html_table, _png
 
 MICRO = "micro."
 # Figures every night states but no one watches on their own: the bare loops are the ratios' denominators.
@@ -78,7 +78,7 @@ def chart_metric(name: str, history: Sequence[Entry]) -> bytes:
     ax.set_title(f"{name}{' (' + unit + ')' if unit else ''}", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="best")
-    return _png(fig)
+    return png_bytes(fig)
 
 
 def chart_micro(history: Sequence[Entry]) -> bytes | None:
@@ -102,14 +102,14 @@ def chart_micro(history: Sequence[Entry]) -> bytes | None:
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    return _png(fig)
+    return png_bytes(fig)
 
 
 def render_trend(history: Sequence[Entry]) -> str:
     """The trend page as one HTML document."""
     parts = [
         f"<!doctype html><html><head><meta charset='utf-8'><title>sotw nightly trend</title>"
-        f"<style>{_CSS}</style></head><body>",
+        f"<style>{CSS}</style></head><body>",
         "<h1>sotw nightly benchmark: trend</h1>",
     ]
     if not history:
@@ -125,7 +125,7 @@ def render_trend(history: Sequence[Entry]) -> str:
     ]
     if regressions:
         parts.append("<ul>" + "".join(f"<li>{html.escape(j.sentence())}</li>" for j in regressions) + "</ul>")
-    parts += ["<h2>Latest night: candidate against baseline</h2>", _html_table(judgement_rows(last.paired))]
+    parts += ["<h2>Latest night: candidate against baseline</h2>", html_table(judgement_rows(last.paired))]
     images = [(name, chart_metric(name, history)) for name in headline_names(history)]
     micro = chart_micro(history)
     if micro is not None:
@@ -149,7 +149,7 @@ def render_trend(history: Sequence[Entry]) -> str:
         "regressions",
         "benchmarks that exited non-zero",
     ]
-    parts += ["<h2>Nights</h2>", _html_table((head, rows)), "</body></html>"]
+    parts += ["<h2>Nights</h2>", html_table((head, rows)), "</body></html>"]
     return "\n".join(parts)
 
 
