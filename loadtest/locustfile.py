@@ -31,9 +31,9 @@ from pathlib import Path
 from typing import Any
 
 import gevent
+import locust.argument_parser
 import locust.runners
 from locust import LoadTestShape, User, constant, events, task
-from locust.argument_parser import default_args_dict
 from locust.runners import LocalRunner, MasterRunner, WorkerRunner
 
 from loadtest.conductor import ASSIGN, CONTROL, STATS, STOP, STOPPED, Conductor, LocustSettings
@@ -285,12 +285,30 @@ class SotwShape(LoadTestShape):
         return CONDUCTOR.shape_tick() if CONDUCTOR is not None else None
 
 
+def cache_locust_defaults() -> bool:
+    """Build Locust's option defaults once per worker process instead of once per option of every spawn message.
+
+    A worker handles each spawn message by building Locust's whole argument parser once per option the master
+    sent (``locust.argument_parser.default_args_dict`` in a loop: about 80 parsers), which holds the worker's
+    greenlets for seconds on a busy machine, long enough to miss heartbeats at every shape step. The defaults
+    never change within a process. That function is not Locust's public API: where a Locust release no longer
+    has it, the worker runs without the cache and says so once (returns False).
+    """
+    build = getattr(locust.argument_parser, "default_args_dict", None)
+    if not callable(build):
+        log.warning(
+            "this Locust (%s) has no argument_parser.default_args_dict: workers build its option defaults per "
+            "spawn message, which may miss heartbeats on a busy machine",
+            getattr(locust, "__version__", "?"),
+        )
+        return False
+    if not hasattr(build, "cache_info"):
+        locust.argument_parser.default_args_dict = functools.cache(build)
+    return True
+
+
 def _worker(environment: Any, runner: Any) -> None:
-    # A worker handles each spawn message by building Locust's whole argument parser once per option the
-    # master sent (``default_args_dict`` in a loop: about 80 parsers), which holds the worker's greenlets
-    # for seconds on a busy machine, long enough to miss heartbeats at every shape step. The defaults never
-    # change within a process, so they are built once.
-    locust.argument_parser.default_args_dict = functools.cache(default_args_dict)
+    cache_locust_defaults()
     side = ProcessSide(environment)
 
     def assign(environment: Any, msg: Any, **_: Any) -> None:

@@ -134,18 +134,19 @@ class ProgressLog(StreamingQueryListener):
         JSON, so its bridge fetches that in one call and hands it to ``record``.
         """
         if self._bridge is None:
-            from pyspark import SparkContext
-
-            jvm = SparkContext._jvm
-            assert jvm is not None, "start the SparkSession before adding the listener"
-            self._bridge = jvm.PythonStreamingQueryListenerWrapper(_JsonProgressBridge(self))
+            self._bridge = _json_bridge(self)
+            if self._bridge is None:
+                self._bridge = super()._jlistener
         return self._bridge
 
     def onQueryStarted(self, event: Any) -> None:
         """Nothing to record at start."""
 
     def onQueryProgress(self, event: Any) -> None:
-        """Record one trigger (PySpark's event object; the bridge calls ``record`` directly)."""
+        """Record one trigger from PySpark's event object (said once: the bridge calls ``record`` directly)."""
+        if self._bridge is None:
+            self._bridge = False
+            log.warning("progress listener: PySpark's own bridge in use; each event costs more py4j calls")
         self.record(event.progress.json)
 
     def record(self, progress_json: str) -> None:
@@ -177,6 +178,30 @@ class ProgressLog(StreamingQueryListener):
 
     def onQueryTerminated(self, event: Any) -> None:
         """Termination is reported by the query runner."""
+
+
+def _json_bridge(listener: ProgressLog) -> Any:
+    """The Java listener that hands ``listener`` Spark's progress JSON in one py4j call, or None.
+
+    It stands on names PySpark does not promise: it overrides ``StreamingQueryListener._jlistener`` (which
+    ``spark.streams.addListener`` reads), through ``SparkContext._jvm`` and the JVM's
+    ``PythonStreamingQueryListenerWrapper``. Where the wrapper refuses this bridge, or a PySpark release no
+    longer reads ``_jlistener``, events come through PySpark's own bridge to ``onQueryProgress`` instead (the
+    same records, at a higher CPU cost per event), which says so once.
+    """
+    from pyspark import SparkContext
+
+    jvm = getattr(SparkContext, "_jvm", None)
+    if jvm is None:
+        raise RuntimeError("start the SparkSession before adding the progress listener")
+    try:
+        return jvm.PythonStreamingQueryListenerWrapper(_JsonProgressBridge(listener))
+    except Exception as exc:  # py4j raises its own errors for a class the JVM does not have
+        log.warning(
+            "progress listener: PySpark's own bridge in use (%s); each event costs more py4j calls",
+            str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
+        )
+        return None
 
 
 class _JsonProgressBridge:

@@ -20,7 +20,7 @@ from loadtest.conductor import Conductor, LocustSettings, RunView
 from loadtest.driver import ACK_NAME, REQUEST_TYPE, count_aggregated, fire_acks
 from loadtest.errors import HarnessError
 from loadtest.fleetplan import LiveConfig, part_config, process_factor, users_for
-from loadtest.locustfile import SensorLoad
+from loadtest.locustfile import SensorLoad, cache_locust_defaults
 from loadtest.profile import load_profile
 from loadtest.shapes import make_shape
 from loadtest.webui import correctness_rows, install
@@ -194,3 +194,18 @@ def test_a_poll_that_comes_while_locust_stops_is_answered_once_the_runner_has_st
         stopping.join(5)
     finally:
         env.runner.quit()
+
+
+def test_a_worker_builds_locust_s_option_defaults_once_and_runs_without_the_cache_where_locust_lacks_it(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import locust.argument_parser as parser
+
+    monkeypatch.setattr(parser, "default_args_dict", parser.default_args_dict)  # restored after the test
+    assert cache_locust_defaults() and cache_locust_defaults()
+    assert parser.default_args_dict() is parser.default_args_dict(), "built once"
+
+    monkeypatch.delattr(parser, "default_args_dict")
+    with caplog.at_level("WARNING", logger="sotw.locust"):
+        assert not cache_locust_defaults()
+    assert "has no argument_parser.default_args_dict" in caplog.text

@@ -32,3 +32,21 @@ def test_idle_triggers_are_recorded_once_a_minute_and_busy_ones_always(tmp_path)
     recorded = [json.loads(line)["batchId"] for line in path.read_text().splitlines()]
     assert recorded == [0, 1, 50, 51]
     assert [s["batch"] for s in seen] == recorded
+
+
+def test_events_through_pyspark_s_own_bridge_are_recorded_and_the_slower_path_is_said_once(tmp_path, caplog):
+    """Where PySpark does not take the listener's one-call bridge, its own event objects still get recorded."""
+
+    class Event:  # the shape of PySpark's QueryProgressEvent: ``progress.json``
+        def __init__(self, batch: int) -> None:
+            self.progress = type("Progress", (), {"json": progress(batch, rows=10, updated=1)})()
+
+    path = tmp_path / "progress.jsonl"
+    log = ProgressLog(path, "q")
+    with caplog.at_level("WARNING", logger="pipeline.progress"):
+        log.onQueryProgress(Event(0))
+        log.onQueryProgress(Event(1))
+    assert [json.loads(line)["batchId"] for line in path.read_text().splitlines()] == [0, 1]
+    assert [r.getMessage() for r in caplog.records] == [
+        "progress listener: PySpark's own bridge in use; each event costs more py4j calls"
+    ]
