@@ -47,13 +47,9 @@ import pandas as pd
 import pyarrow.dataset as ds
 
 from loadtest.errors import HarnessError
-from pipeline.policies import POLICIES
+from loadtest.replays import MODELS, SESSION_LEVEL, Arrival, Event, Outcome, PolicyModel
 
 log = logging.getLogger(__name__)
-
-SESSION_LEVEL = -1  # the seq used for violations about a whole session (timeout, digest mismatch, ...)
-Event = tuple[str, int]
-Arrival = tuple[int, str, int]  # seq, kind, event time (intended_ts)
 
 
 @dataclass(frozen=True)
@@ -85,53 +81,27 @@ class Policy:
     trigger_ms: int | None = None
 
     def __post_init__(self) -> None:
-        if self.name not in POLICIES:
-            raise ValueError(f"policy name must be one of {POLICIES}, got {self.name!r}")
+        if self.name not in MODELS:
+            raise ValueError(f"policy name must be one of {tuple(MODELS)}, got {self.name!r}")
         if self.window_messages is not None and self.window_messages < 0:
             raise ValueError(f"window_messages must be >= 0, got {self.window_messages!r}")
         if self.window_ms is not None and self.window_ms < 0:
             raise ValueError(f"window_ms must be >= 0, got {self.window_ms!r}")
-        if self.name == "window" and self.window_messages is None and self.window_ms is None:
-            raise ValueError("policy 'window' needs window_messages or window_ms")
         for name in ("session_timeout_ms", "trigger_ms"):
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise ValueError(f"{name} must be >= 0, got {value!r}")
+        self.model  # noqa: B018 -- the model checks the settings its policy needs
+
+    @property
+    def model(self) -> PolicyModel:
+        """The verifier's model of this policy (``loadtest.replays``)."""
+        return MODELS[self.name](self)
 
     @property
     def applies_whole_snapshots(self) -> bool:
         """Whether an applied snapshot sets every row it carries (``once`` skips rows a later seq set first)."""
-        return self.name != "once"
-
-
-@dataclass
-class Outcome:
-    """One replay of a session under one reading of the policy."""
-
-    applied: Counter[int] = field(default_factory=Counter)
-    events: set[Event] = field(default_factory=set)
-    optional_events: set[Event] = field(default_factory=set)
-    optional_applied: set[int] = field(default_factory=set)
-    closed_by: str | None = None
-    via_timeout: bool = False
-    at_timeout: set[Event] = field(default_factory=set)  # reported only when the session times out
-    degraded_from: int | None = None
-    missing: bool = False
-    exact: bool = False
-    clean: bool = True
-    stop_at: int | None = None
-
-    def late(self, seq: int) -> None:
-        """A copy that came after the session closed: reported as late or as a duplicate, never applied."""
-        self.optional_events.update({("late_after_close", seq), ("duplicate", seq), ("reorder", seq)})
-
-    def gap(self, start: int, stop: int) -> None:
-        """Record seqs ``start .. stop-1`` as a required gap; the session degrades from the first."""
-        self.events.update(("gap", m) for m in range(start, stop))
-        if start < stop and self.degraded_from is None:
-            self.degraded_from = start
-        if start == 0 < stop:
-            self.optional_events.add(("missing_snapshot", SESSION_LEVEL))
+        return self.model.applies_whole_snapshots
 
 
 @dataclass(frozen=True)
@@ -234,193 +204,15 @@ def read_truth(run_dir: Path) -> pd.DataFrame:
 # --------------------------------------------------------------------------------------------------- replays
 
 
-def _replay_ordered(arrivals: Sequence[Arrival], strict: bool) -> Outcome:
-    """``ordered``: in order, stale and repeated seqs dropped; ``strict`` stops at the first violation."""
-    out, expected, seen = Outcome(), 0, set[int]()
-    for seq, kind, _ts in arrivals:
-        if out.closed_by is not None:
-            out.late(seq)
-            continue
-        violation: Event | None = None
-        if seq < expected:
-            violation = ("duplicate" if seq in seen else "reorder", seq)
-        elif seq > expected:
-            violation = ("gap", expected)
-        if violation is not None and strict:
-            out.stop_at, out.clean = seq, False
-            out.optional_events.add(violation)
-            return out
-        if seq < expected:
-            out.events.add(violation)  # type: ignore[arg-type]
-            continue
-        out.gap(expected, seq)
-        seen.add(seq)
-        expected = seq + 1
-        if kind == "end":
-            out.closed_by = "end"
-        else:
-            out.applied[seq] += 1
-    return out
-
-
-def _replay_once(arrivals: Sequence[Arrival], end_seq: int | None, wait_for_missing: bool) -> Outcome:
-    """``once``: each distinct seq once in any order; seqs missing when it closes are gaps and a failure.
-
-    ``wait_for_missing`` is the reading where ``end`` closes the session only once every earlier seq has come
-    (a late seq is then still applied); otherwise ``end`` closes it at once.
-    """
-    out, seen, highest = Outcome(), set[int](), -1
-    for seq, kind, _ts in arrivals:
-        if out.closed_by is not None:
-            out.late(seq)
-            continue
-        if seq in seen:
-            out.events.add(("duplicate", seq))
-            continue
-        if seq < highest:
-            out.optional_events.add(("reorder", seq))
-            out.optional_applied.add(seq)  # may be superseded per row by a higher seq: no change row then
-        seen.add(seq)
-        highest = max(highest, seq)
-        if kind != "end":
-            out.applied[seq] += 1
-        complete = end_seq is not None and all(m in seen for m in range(end_seq))
-        if end_seq in seen and (complete or not wait_for_missing):
-            out.closed_by = "end"
-    if out.closed_by is None:
-        out.via_timeout = True
-    upto = end_seq if end_seq is not None and end_seq in seen else highest + 1
-    missing = [m for m in range(upto) if m not in seen]
-    before = set(out.events)
-    for m in missing:
-        out.gap(m, m + 1)
-    out.missing = bool(missing)
-    out.degraded_from = None
-    if missing and wait_for_missing:
-        out.closed_by = None  # it waited for them until the timeout
-    if out.closed_by is None:
-        out.at_timeout = out.events - before
-    return out
-
-
-def _replay_window(arrivals: Sequence[Arrival], policy: Policy, flush_at_end: bool) -> Outcome:
-    """``window``: hold out-of-order seqs, release in order; a hole that outlives the window is a gap.
-
-    A hole expires when more than ``window_messages`` messages wait behind it, or when the newest event time
-    is more than ``window_ms`` past the first message waiting. ``flush_at_end`` is the reading where a
-    waiting ``end`` gives up every hole at once; otherwise they wait until the timeout flushes them.
-    """
-    out, buffer, seen = Outcome(), dict[int, tuple[str, int]](), set[int]()
-    expected, newest = 0, None
-
-    def release() -> None:
-        nonlocal expected
-        while expected in buffer and out.closed_by is None:
-            kind, _ = buffer.pop(expected)
-            seen.add(expected)
-            if kind == "end":
-                out.closed_by = "end"
-            else:
-                out.applied[expected] += 1
-            expected += 1
-
-    def expired(everything: bool) -> bool:
-        if not buffer or out.closed_by is not None:
-            return False
-        first_ts = buffer[min(buffer)][1]
-        by_count = policy.window_messages is not None and len(buffer) > policy.window_messages
-        by_time = policy.window_ms is not None and newest is not None and newest - first_ts > policy.window_ms
-        return everything or by_count or by_time
-
-    def expire(everything: bool) -> None:
-        nonlocal expected
-        while expired(everything):
-            first = min(buffer)
-            out.gap(expected, first)
-            expected = first
-            release()
-
-    for seq, kind, ts in arrivals:
-        newest = ts if newest is None else max(newest, ts)
-        if out.closed_by is not None:
-            out.late(seq)
-            continue
-        if seq < expected:
-            out.events.add(("duplicate" if seq in seen else "reorder", seq))
-            continue
-        if seq in buffer:
-            out.events.add(("duplicate", seq))
-            continue
-        buffer[seq] = (kind, ts)
-        release()
-        expire(everything=flush_at_end and any(k == "end" for k, _ in buffer.values()))
-    if buffer and out.closed_by is None:
-        out.via_timeout = True  # the timeout flushes what still waits; a waiting end then closes it
-        before, applied = set(out.events), Counter(out.applied)
-        expire(everything=True)
-        out.at_timeout = out.events - before
-        if not policy.timeouts_expire:
-            out.optional_applied |= set(out.applied - applied)
-    for seq in buffer:
-        out.late(seq)
-    return out
-
-
-def _replay_none(arrivals: Sequence[Arrival]) -> Outcome:
-    """``none``: everything applied as it comes; violations only counted, so none is required."""
-    out, seen, highest = Outcome(), set[int](), -1
-    for seq, kind, _ts in arrivals:
-        if out.closed_by is not None:
-            out.late(seq)
-            continue
-        if seq in seen:
-            out.optional_events.add(("duplicate", seq))
-            out.clean = False
-        elif seq < highest:
-            out.optional_events.add(("reorder", seq))
-            out.clean = False
-        elif seq > highest + 1:
-            out.optional_events.update(("gap", m) for m in range(highest + 1, seq))
-            out.clean = False
-        seen.add(seq)
-        highest = max(highest, seq)
-        if kind == "end":
-            out.closed_by = "end"
-        else:
-            out.applied[seq] += 1
-    return out
+# --------------------------------------------------------------------------------------------- expectations
 
 
 def _replays(policy: Policy, arrivals: Sequence[Arrival], end_seq: int | None) -> list[Outcome]:
     """Every reading of the policy the specification allows, each replayed once."""
-    outcomes = _readings(policy, arrivals, end_seq)
+    outcomes = policy.model.readings(arrivals, end_seq)
     for out in outcomes:
         out.via_timeout |= out.closed_by is None and out.stop_at is None
     return outcomes
-
-
-def _readings(policy: Policy, arrivals: Sequence[Arrival], end_seq: int | None) -> list[Outcome]:
-    if policy.name == "strict":
-        return [_replay_ordered(arrivals, strict=True)]
-    if policy.name == "ordered":
-        return [_replay_ordered(arrivals, strict=False)]
-    if policy.name == "once":
-        return [_replay_once(arrivals, end_seq, wait) for wait in (False, True)]
-    if policy.name == "none":
-        return [_replay_none(arrivals)]
-    return [_replay_window(arrivals, policy, flush) for flush in (True, False)]
-
-
-# --------------------------------------------------------------------------------------------- expectations
-
-
-def _exact(policy: Policy, out: Outcome, table_seqs: frozenset[int]) -> bool:
-    """Whether this replay leaves the true table: every table seq applied once, equivalent to seq order."""
-    if out.stop_at is not None or out.missing or out.degraded_from is not None:
-        return False
-    if set(out.applied) != table_seqs or any(n != 1 for n in out.applied.values()):
-        return False
-    return policy.name != "none" or out.clean
 
 
 def _statuses(policy: Policy, out: Outcome, exact: bool) -> set[str]:
@@ -428,23 +220,9 @@ def _statuses(policy: Policy, out: Outcome, exact: bool) -> set[str]:
     if out.stop_at is not None:
         return {"absent", "failed"}
     waits = set() if policy.timeouts_expire or not out.via_timeout else {"absent"}
-    return waits | _closing_statuses(policy, out, exact)
-
-
-def _closing_statuses(policy: Policy, out: Outcome, exact: bool) -> set[str]:
-    damaged = out.degraded_from is not None or out.missing
     if out.closed_by == "end":
-        if policy.name == "once":
-            return {"failed"} if out.missing else {"ok"}
-        if policy.name == "none":
-            return {"ok"} if exact else {"ok", "degraded", "failed"}
-        return {"degraded"} if out.degraded_from is not None else {"ok"}
-    timed = {"timed_out"}
-    if damaged and policy.name == "once":
-        timed.add("failed")
-    elif damaged and policy.name in ("ordered", "window"):
-        timed.add("degraded")
-    return timed
+        return waits | policy.model.statuses_at_end(out, exact)
+    return waits | policy.model.statuses_at_timeout(out)
 
 
 def _session_events(policy: Policy, out: Outcome, exact: bool) -> tuple[set[Event], set[Event]]:
@@ -458,7 +236,7 @@ def _session_events(policy: Policy, out: Outcome, exact: bool) -> tuple[set[Even
         required -= out.at_timeout  # the timeout has not fired yet, so these may not be reported yet
     if out.via_timeout:
         allowed.add(("timeout", SESSION_LEVEL))
-    if policy.name == "none":
+    if not policy.model.requires_reports:
         required = set()
     return required, allowed | required
 
@@ -505,7 +283,7 @@ def expect_session(
     updates = tuple(sorted(int(s) for s in rows.loc[rows["kind"] == "update", "seq"].unique()))
     readings = []
     for out in _replays(policy, arrivals, end_seq):
-        exact = _exact(policy, out, table_seqs)
+        exact = policy.model.exact(out, table_seqs)
         required, allowed = _session_events(policy, out, exact)
         seqs = set(out.applied) | out.optional_applied
         readings.append(

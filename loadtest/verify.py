@@ -37,8 +37,6 @@ from loadtest.contracts import (
 )
 from loadtest.delta import is_delta_table, read_table, transaction_times
 from loadtest.expect import (
-    SESSION_LEVEL,
-    Event,
     Expectation,
     Policy,
     SessionExpectation,
@@ -46,6 +44,7 @@ from loadtest.expect import (
     read_ledger,
     read_truth,
 )
+from loadtest.replays import SESSION_LEVEL, Event
 from loadtest.results import Correctness, DamageWindow, Discrepancy, FaultScore, LatencySummary
 from loadtest.triage import Triager
 from loadtest.values import check_changes, read_snapshots, sent_messages
