@@ -46,7 +46,7 @@ from loadtest.headless import CORRECTNESS_COUNTS
 from loadtest.incidents import Incident, IncidentRecord, Schedule, incident_from_mapping
 from loadtest.lines import Events, commands
 from loadtest.liveverify import LiveVerifier
-from loadtest.phases import PhaseClock, apply_schedule, data_loss_reports, drain, pipeline_warm, settle
+from loadtest.phases import DRAIN, SETTLE, STEADY, Lifecycle, PhaseClock, data_loss_reports
 from loadtest.processes import AttachedPipeline, PipelineProcess, PipelineProcessConfig
 from loadtest.profile import Profile
 from loadtest.recovery import Stop
@@ -256,8 +256,6 @@ class Run:
         )
         self._lock = threading.Lock()
         self.schedules: list[Schedule] = []
-        self.pipeline_failed: str | None = None
-        self.stopped: Stop | None = None
         self._ended = threading.Event()
         self._steady_load: list[float] = []
         self.lag = (
@@ -267,6 +265,26 @@ class Run:
         )
         self.sampler = self._sampler()
         self.verifier = self._verifier()
+        self.life = Lifecycle(
+            self.profile,
+            self.sampler,
+            self.relay,
+            self.stage,
+            session.pipeline,
+            on_phase=lambda name: self.events.send("phase", name=name, at_ms=int(time.time() * 1000)),
+            on_pipeline_failed=lambda message: self.events.send("pipeline_failed", message=message),
+            clock=self.clock,
+        )
+
+    @property
+    def pipeline_failed(self) -> str | None:
+        """Why the pipeline failed, if it exited on its own."""
+        return self.life.pipeline_failed
+
+    @property
+    def stopped(self) -> Stop | None:
+        """When the pipeline stopped on its own, and its last words."""
+        return self.life.stopped
 
     def _sampler(self) -> Sampler:
         s, pipe = self.session, self.session.pipeline
@@ -311,26 +329,19 @@ class Run:
     def begin(self) -> None:
         """Start measuring: the sampler, the live verifier and the phase clock."""
         self.sampler.start()
-        self.clock.enter("warmup")
-        self.events.send("phase", name="warmup", at_ms=int(time.time() * 1000))
+        self.life.start_load()
         threading.Thread(target=self._watch, name="sotw-live-watch", daemon=True).start()
         if self.verifier is not None:
             threading.Thread(target=self._verify_loop, name="sotw-live-verify", daemon=True).start()
 
     def _watch(self) -> None:
         """Phases, the profile's fault windows and incidents, pipeline health; each new sample sent on."""
-        settings = self.profile.run
-        begun = time.monotonic()
-        sent, applied = 0, set[int]()
+        sent = 0
         while not self._ended.wait(0.25):
-            elapsed = time.monotonic() - begun
-            apply_schedule(self.profile, self.relay, elapsed, applied)
-            if self.clock.current == "warmup" and elapsed >= settings.warmup_s:
-                if pipeline_warm(self.sampler, elapsed, settings) and not self.relay.stopping:
-                    self._enter_steady()
-            if self.clock.current == "steady" and self.sampler.rows and not self.relay.stopping:
+            if self.life.tick(may_steady=not self.relay.stopping) and self.profile.incidents:
+                self._schedule(self.profile.incidents)
+            if self.life.current == STEADY and self.sampler.rows and not self.relay.stopping:
                 self._steady_load.append(float(self.sampler.rows[-1].get("load", 0.0)))
-            self._check_pipeline()
             rows = self.sampler.rows
             if len(rows) > sent:
                 topics = self.lag.topics if self.lag is not None else {}
@@ -340,23 +351,6 @@ class Run:
                     topics=[{"topic": t, "offsets": n, "age_s": age} for t, (n, age) in topics.items()],
                 )
                 sent = len(rows)
-
-    def _enter_steady(self) -> None:
-        with self._lock:
-            self.clock.enter("steady")
-        self.events.send("phase", name="steady", at_ms=int(time.time() * 1000))
-        if self.profile.incidents:
-            self._schedule(self.profile.incidents)
-
-    def _check_pipeline(self) -> None:
-        pipe = self.session.pipeline
-        if pipe is None or pipe.alive() or self.stage.pipeline_down_on_purpose or self.pipeline_failed:
-            return
-        self.pipeline_failed = (
-            f"the pipeline exited with code {pipe.returncode()} during the load: {pipe.tail(2)}"
-        )
-        self.stopped = Stop(int(time.time() * 1000), pipe.tail(2))
-        self.events.send("pipeline_failed", message=self.pipeline_failed)
 
     def _verify_loop(self) -> None:
         assert self.verifier is not None
@@ -398,10 +392,7 @@ class Run:
     def stop_load(self) -> None:
         """Locust stops the users: the load is over and the drain begins (as when ``sotw run`` stops its simulator)."""
         self.relay.stop_load()
-        with self._lock:
-            if self.clock.current in ("warmup", "steady"):
-                self.clock.enter("drain")
-                self.events.send("phase", name="drain", at_ms=int(time.time() * 1000))
+        self.life.end_load()
 
     def progress(self, step: str, detail: str, **fields: Any) -> None:
         """Where the verification after the stop is (a ``progress`` event for the UI's Correctness tab)."""
@@ -431,43 +422,32 @@ class Run:
     def finish(self, interrupted: bool, command: str) -> Results:
         """Drain, settle, stop measuring, verify the whole run and write its results and report."""
         settings = self.profile.run
-        pipe = self.session.pipeline
         self._ended.set()
         for schedule in list(self.schedules):
             schedule.stop()
-        drain_s: float | None = None
         self.stop_load()
-        if not interrupted and self.pipeline_failed is None and pipe is not None:
-
-            def drained(elapsed: float) -> str:
-                rows = self.sampler.rows
-                return drain_detail(rows[-1] if rows else {}, elapsed, settings.drain_max_s)
-
-            with self.ticking("drain", drained, settings.drain_max_s):
-                drain_s = drain(self.sampler, pipe, settings.drain_max_s, self.stop)
+        p = self.profile.pipeline
+        details: dict[str, Callable[[float], str]] = {
+            DRAIN: lambda elapsed: drain_detail(
+                self.sampler.rows[-1] if self.sampler.rows else {}, elapsed, settings.drain_max_s
+            ),
+            SETTLE: lambda elapsed: (
+                "sessions the load left open time out in the pipeline: "
+                f"{max(0.0, (p.session_timeout_ms + 3 * p.trigger_ms) / 1000.0 - elapsed):.0f} s left"
+            ),
+        }
+        drain_s = None
+        if not interrupted:
+            drain_s = self.life.wind_down(
+                self.stop, lambda phase, limit_s: self.ticking(phase, details[phase], limit_s)
+            )
             interrupted = self.stop.is_set()
-            if drain_s is not None and not interrupted:
-                self.clock.enter("settle")
-                self.events.send("phase", name="settle", at_ms=int(time.time() * 1000))
-                p = self.profile.pipeline
-                settle_s = (p.session_timeout_ms + 3 * p.trigger_ms) / 1000.0
-
-                def settling(elapsed: float) -> str:
-                    left = max(0.0, settle_s - elapsed)
-                    return f"sessions the load left open time out in the pipeline: {left:.0f} s left"
-
-                with self.ticking("settle", settling, settle_s):
-                    settle(self.profile, pipe, self.stop)
-                interrupted = self.stop.is_set()
         if self.verifier is not None:
             self.progress("verify", "the live verifier's last pass (latency up to the end)")
             self.verify_now()  # the latency windows up to the end, for the UI and the CSV
-        self.clock.close()
+        self.life.finish()
         self.sampler.stop()
         self.events.send("phase", name="verify", at_ms=int(time.time() * 1000))
-        if pipe is not None and not pipe.alive() and self.pipeline_failed is None:
-            self.pipeline_failed = f"the pipeline exited with code {pipe.returncode()}: {pipe.tail(2)}"
-            self.stopped = Stop(int(time.time() * 1000), pipe.tail(2))
         return self._results(interrupted, drain_s, command)
 
     def _results(self, interrupted: bool, drain_s: float | None, command: str) -> Results:

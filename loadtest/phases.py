@@ -1,8 +1,10 @@
-"""The steps of a run's phases, shared by ``sotw run`` (loadtest.runner) and a Locust run (loadtest.live).
+"""A run's lifecycle: its phases as one small state machine, driven alike by ``sotw run`` and a Locust run.
 
-Both walk the same phases -- warm-up, steady, drain, settle -- and take these steps the same way: when the
-pipeline counts as warm, when the schedule's fault windows switch, when the drain has caught up, how long quiet
-sessions are given to time out, how many data-loss reports the pipeline's log holds.
+``sotw run``, ``bench``, ``drill`` and ``capacity`` (loadtest.runner) and a Locust run (loadtest.live) walk
+the same phases (``PHASES``) through one ``Lifecycle``: the warm-up ends when the pipeline is warm, fault
+windows switch on the profile's schedule, a pipeline that exits on its own is caught the same way, the drain
+ends when the lag is zero twice in a row, and quiet sessions are given their timeout to close. What differs
+is only who ends the load (the runner after the steady phase, Locust's Stop) and how progress is shown.
 """
 
 from __future__ import annotations
@@ -10,17 +12,24 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from loadtest.processes import PipelineProcess
 from loadtest.profile import Profile
+from loadtest.recovery import Stop
 from loadtest.results import Phase
 from loadtest.samplers import Sampler
-from loadtest.stage import SimulatorControls
+from loadtest.stage import RunStage, SimulatorControls
 
 log = logging.getLogger(__name__)
+
+SETUP, WARMUP, STEADY, DRAIN, SETTLE = "setup", "warmup", "steady", "drain", "settle"
+PHASES = (SETUP, WARMUP, STEADY, DRAIN, SETTLE)
+"""The phases in their order; samples are tagged with the one under way, results list each one's bounds."""
 
 
 @dataclass
@@ -104,3 +113,146 @@ def settle(profile: Profile, pipe: PipelineProcess, stop: threading.Event) -> No
     deadline = time.monotonic() + (timeout_ms + 3 * trigger_ms) / 1000.0
     while time.monotonic() < deadline and not stop.is_set() and pipe.alive():
         time.sleep(0.25)
+
+
+def _no_watch(step: str, limit_s: float) -> AbstractContextManager[None]:
+    return nullcontext()
+
+
+class Lifecycle:
+    """One run's phases: setup, warm-up, steady, drain, settle, each entered once and in that order.
+
+    The load starts with ``start_load`` (warm-up). While it runs, ``tick`` is called a few times a second: it
+    switches the profile's fault windows, enters the steady phase once the warm-up has lasted its time and the
+    pipeline is warm, and notices a pipeline that exited on its own. ``end_load`` enters the drain whoever
+    ended the load; ``wind_down`` waits for the pipeline to catch up and then for quiet sessions to time out;
+    ``finish`` closes the last phase and notices a pipeline that exited during it.
+
+    Parameters
+    ----------
+    profile
+        The run's profile: its phase lengths, fault windows, session timeout and trigger.
+    sampler
+        The run's sampler: the warm-up and the drain end on its lag figures.
+    controls
+        Where the fault windows are switched (the simulator, or a Locust run's fleet).
+    stage
+        The incidents' stage: a pipeline it took down on purpose has not failed.
+    pipe
+        The pipeline process the harness started, or None for one it only attached to.
+    on_phase
+        Called with each phase's name as it is entered (progress lines, the UI's events).
+    on_pipeline_failed
+        Called once with the message when the pipeline exits on its own during the load.
+    clock
+        The run's clock, when it started before the lifecycle (the broker's start counts as set-up).
+    """
+
+    def __init__(
+        self,
+        profile: Profile,
+        sampler: Sampler,
+        controls: SimulatorControls,
+        stage: RunStage,
+        pipe: PipelineProcess | None,
+        on_phase: Callable[[str], None] = lambda name: None,
+        on_pipeline_failed: Callable[[str], None] = lambda message: None,
+        clock: PhaseClock | None = None,
+    ) -> None:
+        self.profile, self.sampler, self.controls, self.stage, self.pipe = (
+            profile,
+            sampler,
+            controls,
+            stage,
+            pipe,
+        )
+        self.on_phase, self.on_pipeline_failed = on_phase, on_pipeline_failed
+        self.clock = clock if clock is not None else PhaseClock(started_ms=int(time.time() * 1000))
+        self.pipeline_failed: str | None = None
+        self.stopped: Stop | None = None
+        self._lock = threading.Lock()
+        self._load_start = self._steady_start = 0.0
+        self._windows: set[int] = set()
+
+    @property
+    def current(self) -> str:
+        """The phase under way."""
+        return self.clock.current
+
+    def _enter(self, name: str, only_from: tuple[str, ...]) -> bool:
+        with self._lock:
+            if self.clock.current not in only_from:
+                return False
+            self.clock.enter(name)
+        self.on_phase(name)
+        return True
+
+    def start_load(self) -> None:
+        """The load starts: the warm-up begins."""
+        self._load_start = time.monotonic()
+        self._enter(WARMUP, (SETUP,))
+
+    def tick(self, may_steady: bool = True) -> bool:
+        """One look at the run while the load runs; True when the steady phase began at it.
+
+        ``may_steady`` False holds the warm-up (a Locust run whose users are stopping).
+        """
+        elapsed = time.monotonic() - self._load_start
+        apply_schedule(self.profile, self.controls, elapsed, self._windows)
+        began = False
+        settings = self.profile.run
+        if self.current == WARMUP and elapsed >= settings.warmup_s and may_steady:
+            if pipeline_warm(self.sampler, elapsed, settings) and self._enter(STEADY, (WARMUP,)):
+                self._steady_start = time.monotonic()
+                began = True
+        if self.pipe is not None and not self.pipe.alive() and not self.stage.pipeline_down_on_purpose:
+            self._pipeline_exited(" during the load")
+        return began
+
+    def steady_over(self) -> bool:
+        """Whether the steady phase has lasted the profile's ``steady_s``."""
+        return self.current == STEADY and time.monotonic() - self._steady_start >= self.profile.run.steady_s
+
+    def end_load(self) -> None:
+        """The load has stopped (the runner's steady phase is over, Locust's Stop, Ctrl-C): the drain begins."""
+        self._enter(DRAIN, (WARMUP, STEADY))
+
+    def wind_down(
+        self,
+        stop: threading.Event,
+        watch: Callable[[str, float], AbstractContextManager[None]] = _no_watch,
+    ) -> float | None:
+        """Drain, then settle; the seconds the drain took, or None (not caught up, stopped, or no pipeline).
+
+        ``watch(phase, limit_s)`` wraps each wait (the UI's progress ticks). Nothing is waited for once the
+        pipeline has failed or ``stop`` is set.
+        """
+        self.end_load()
+        pipe, settings = self.pipe, self.profile.run
+        if pipe is None or self.pipeline_failed is not None or stop.is_set():
+            return None
+        with watch(DRAIN, settings.drain_max_s):
+            drain_s = drain(self.sampler, pipe, settings.drain_max_s, stop)
+        if drain_s is None or stop.is_set():
+            return drain_s
+        # Sessions without an ``end`` (abandoned) close only when their timeout passes: wait for it.
+        self._enter(SETTLE, (DRAIN,))
+        p = self.profile.pipeline
+        with watch(SETTLE, (p.session_timeout_ms + 3 * p.trigger_ms) / 1000.0):
+            settle(self.profile, pipe, stop)
+        return drain_s
+
+    def finish(self) -> None:
+        """Close the last phase; a pipeline that exited on its own by now has failed (before it is stopped)."""
+        self.clock.close()
+        if self.pipe is not None and not self.pipe.alive():
+            self._pipeline_exited("")
+
+    def _pipeline_exited(self, when: str) -> None:
+        if self.pipeline_failed is not None or self.pipe is None:
+            return
+        tail = self.pipe.tail(2)
+        self.pipeline_failed = f"the pipeline exited with code {self.pipe.returncode()}{when}: {tail}"
+        self.stopped = Stop(int(time.time() * 1000), tail)
+        if when:
+            self.on_pipeline_failed(self.pipeline_failed)

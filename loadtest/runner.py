@@ -15,7 +15,7 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,9 +25,8 @@ from loadtest.errors import HarnessError
 from loadtest.figures import Outcome
 from loadtest.incidents import BrokerControl, Incident, Schedule
 from loadtest.job import JobSpec, job_parts
-from loadtest.phases import PhaseClock, apply_schedule, data_loss_reports, drain, pipeline_warm, settle
+from loadtest.phases import DRAIN, SETTLE, STEADY, WARMUP, Lifecycle, PhaseClock, data_loss_reports
 from loadtest.profile import Profile
-from loadtest.recovery import Stop
 from loadtest.results import Results
 from loadtest.samplers import ResourceProbe, Sampler, ThreadCpuProbe
 from loadtest.stage import BrokerCommands, CommandControl, LocalControl, RunStage
@@ -184,9 +183,40 @@ def _run(
     )
     stage = RunStage(simulator, pipe, control, profile, request.load_factor)
     schedule = Schedule(request.all_incidents, stage, progress)
+    sim_stop = threading.Event()
+    announce = {
+        WARMUP: f"warm-up: {request.target_rate:,.0f} msg/s ({request.load_factor:g}x) for {settings.warmup_s:g} s",
+        STEADY: f"steady: measuring for {settings.steady_s:g} s",
+    }
+    waits = {
+        DRAIN: "drain: load stopped; waiting up to {:g} s for the pipeline to catch up",
+        SETTLE: "settle: waiting {:g} s for the sessions the load left open to time out in the pipeline",
+    }
+
+    def said(line: str) -> None:
+        if line:
+            progress(line)
+
+    @contextlib.contextmanager
+    def waiting(phase: str, limit_s: float) -> Iterator[None]:
+        progress(waits[phase].format(limit_s))
+        yield
+
+    def failed(message: str) -> None:
+        progress(message)
+        sim_stop.set()  # nothing left to measure; the verdict says why
+
+    life = Lifecycle(
+        profile,
+        sampler,
+        simulator,
+        stage,
+        pipe,
+        on_phase=lambda name: said(announce.get(name, "")),
+        on_pipeline_failed=failed,
+        clock=clock,
+    )
     interrupted = False
-    pipeline_failed: str | None = None
-    stopped: Stop | None = None
     drain_s: float | None = None
     sim_error: list[BaseException] = []
     try:
@@ -199,7 +229,6 @@ def _run(
         # The probes' Kafka clients start their threads in the first sample: before the simulator's, which
         # the harness-overhead figures tell apart by when they start.
         sampler.wait_first_row(10.0)
-        sim_stop = threading.Event()
 
         def produce() -> None:
             try:
@@ -208,69 +237,33 @@ def _run(
                 sim_error.append(exc)
 
         producer = threading.Thread(target=produce, name="sotw-simulator", daemon=True)
-        load_start = time.monotonic()
-        clock.enter("warmup")
-        progress(
-            f"warm-up: {request.target_rate:,.0f} msg/s ({request.load_factor:g}x) for {settings.warmup_s:g} s"
-        )
+        life.start_load()
         producer.start()
-        applied: set[int] = set()
-        steady_start = 0.0
         while producer.is_alive():
-            elapsed = time.monotonic() - load_start
-            if (
-                clock.current == "warmup"
-                and elapsed >= settings.warmup_s
-                and pipeline_warm(sampler, elapsed, settings)
-            ):
-                clock.enter("steady")
-                steady_start = time.monotonic()
-                progress(f"steady: measuring for {settings.steady_s:g} s")
-                if schedule.incidents:
-                    schedule.start()
-            if (
-                clock.current == "steady"
-                and time.monotonic() - steady_start >= settings.steady_s
-                and (not schedule.is_alive() or schedule.done())
-            ):
+            if life.tick() and schedule.incidents:
+                schedule.start()
+            if life.steady_over() and (not schedule.is_alive() or schedule.done()):
                 sim_stop.set()
-            apply_schedule(profile, simulator, elapsed, applied)
             if stop.is_set():
                 interrupted = True
                 sim_stop.set()
-            if not pipe.alive() and not stage.pipeline_down_on_purpose and pipeline_failed is None:
-                pipeline_failed = (
-                    f"the pipeline exited with code {pipe.returncode()} during the load: {pipe.tail(2)}"
-                )
-                stopped = Stop(int(time.time() * 1000), pipe.tail(2))
-                progress(pipeline_failed)
-                sim_stop.set()  # nothing left to measure; the verdict says why
             producer.join(0.25)
         if sim_error:
             raise HarnessError(f"the simulator failed: {sim_error[0]}") from sim_error[0]
-        clock.enter("drain")
-        if not interrupted and pipeline_failed is None:
-            progress(
-                f"drain: load stopped; waiting up to {settings.drain_max_s:g} s for the pipeline to catch up"
-            )
-            drain_s = drain(sampler, pipe, settings.drain_max_s, stop)
+        if interrupted:
+            life.end_load()
+        else:
+            drain_s = life.wind_down(stop, waiting)
             interrupted = stop.is_set()
-            if drain_s is not None and not interrupted:
-                # Sessions without an `end` (abandoned) close only when their timeout passes: wait for it.
-                clock.enter("settle")
-                settle(profile, pipe, stop)
-                interrupted = stop.is_set()
-        if not pipe.alive() and pipeline_failed is None:
-            pipeline_failed = f"the pipeline exited with code {pipe.returncode()}: {pipe.tail(2)}"
-            stopped = Stop(int(time.time() * 1000), pipe.tail(2))
     except KeyboardInterrupt:
         interrupted = True
     finally:
         schedule.stop()
-        clock.close()
+        life.finish()
         sampler.stop()
         code = pipe.stop()
         progress(f"pipeline stopped (exit code {code})")
+    pipeline_failed, stopped = life.pipeline_failed, life.stopped
     progress("verifying the output against the ledger")
     policy = profile.pipeline.verifier_policy(timeouts_expire=not interrupted and drain_s is not None)
     verify_cpu0 = time.process_time()
