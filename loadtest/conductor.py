@@ -34,6 +34,7 @@ import gevent
 from gevent.event import AsyncResult, Event
 from locust.runners import STATE_RUNNING, STATE_SPAWNING
 
+from loadtest.controls import AddSensors, Control, SetFaults, SetLoad, from_wire, to_wire
 from loadtest.driver import ProcessSide
 from loadtest.errors import HarnessError
 from loadtest.fleetplan import LiveConfig, load_of, part_config, users_for
@@ -470,34 +471,33 @@ class Conductor:
 
     def fleet(self, command: Mapping[str, Any]) -> None:
         """A simulator control (from an incident, or the UI) for every process's simulator."""
-        op = command.get("op")
-        if op == "load":
-            total = float(command["factor"])
+        control = from_wire(command)
+        if isinstance(control, SetLoad) and control.factor is not None:
             # Back to what the users make: no override. Anything else holds until the incident ends it.
-            factor = None if abs(total - self.users_load()) < 1e-9 else total
-            self._to_parts({"op": "load", "factor": factor})
-        elif op == "add_sensors":
+            same = abs(control.factor - self.users_load()) < 1e-9
+            self._to_parts(SetLoad(None) if same else control)
+        elif isinstance(control, AddSensors):
             names = list(self.parts) or ["local"]
-            each, extra = divmod(int(command["count"]), len(names))
+            each, extra = divmod(control.count, len(names))
             for i, name in enumerate(names):
                 if each + (i < extra):
-                    self._to_part(name, {"op": "add_sensors", "count": each + (i < extra)})
+                    self._to_part(name, AddSensors(each + (i < extra)))
         else:
-            self._to_parts({k: v for k, v in command.items() if k != "event"})
+            self._to_parts(control)
 
-    def _to_part(self, name: str, command: Mapping[str, Any]) -> None:
+    def _to_part(self, name: str, control: Control) -> None:
         part = self.parts.get(name)
         if part is None:
             return
         if part.client_id is None:
             assert self.side is not None
-            self.side.control(command)
+            self.side.control(control)
         else:
-            self.env.runner.send_message(CONTROL, dict(command), client_id=part.client_id)
+            self.env.runner.send_message(CONTROL, to_wire(control), client_id=part.client_id)
 
-    def _to_parts(self, command: Mapping[str, Any]) -> None:
+    def _to_parts(self, control: Control) -> None:
         for name in self.parts:
-            self._to_part(name, command)
+            self._to_part(name, control)
 
     def set_faults(self, rates: Mapping[str, Any]) -> FaultConfig:
         """Change every simulator's default fault rates now (the UI's control); returns them.
@@ -509,7 +509,7 @@ class Conductor:
         """
         base = dataclasses.asdict(self.profile.simulator.faults)
         faults = FaultConfig.from_mapping({**base, **{k: float(v) for k, v in rates.items()}})
-        self._to_parts({"op": "faults", "faults": dataclasses.asdict(faults), "sensor": None})
+        self._to_parts(SetFaults(faults))
         shown = ", ".join(
             f"{k}={getattr(faults, k):g}" for k in ("gap", "duplicate", "delayed", "malformed", "abandon")
         )

@@ -24,6 +24,7 @@ from typing import Any
 from gevent.event import Event
 from locust.stats import StatsError, bucket_response_time
 
+from loadtest.controls import Control, SetLoad, StopFeeding, to_wire
 from loadtest.feeder import FeederConfig
 from loadtest.fleetplan import process_factor
 from loadtest.lines import Child
@@ -149,7 +150,7 @@ class ProcessSide:
         factor = self.factor()
         if self.feeder is not None and factor != self._factor:
             self._factor = factor
-            self.feeder.send("load", factor=factor)
+            self.feeder.send_message(to_wire(SetLoad(factor)))
 
     # ------------------------------------------------------------------------------------------ feeder
 
@@ -185,24 +186,20 @@ class ProcessSide:
         log.info("%s: simulator started (pid %d) in %s", self.part, self.feeder.pid, run_dir)
         self._apply()  # users that joined while it was starting
 
-    def control(self, command: Mapping[str, Any]) -> None:
-        """Pass a simulator control on, or set or clear the load an incident asked for (``load``).
-
-        The controls passed on are ``faults``, ``clear_faults``, ``add_sensors`` and ``recreate_topics``.
-        """
-        if command.get("op") == "load":
-            total = command.get("factor")
-            self.override = None if total is None else float(total)
+    def control(self, control: Control) -> None:
+        """Set or clear the load an incident asked for (``SetLoad``), or pass any other control to the feeder."""
+        if isinstance(control, SetLoad):
+            self.override = control.factor
             self._apply()
         elif self.feeder is not None:
-            self.feeder.send_message(command)
+            self.feeder.send_message(to_wire(control))
 
     def stop(self, timeout: float = 120.0) -> None:
         """Stop the feeder: it closes its sessions, flushes and writes its ledger; wait until it has."""
         feeder = self.feeder
         if feeder is None:
             return
-        feeder.send("stop")
+        feeder.send_message(to_wire(StopFeeding()))
         feeder.end(timeout)
         self.feeder = None
 

@@ -3,8 +3,8 @@
 Each Locust process that has users (the only one, or each worker) starts one feeder for the sensors it owns.
 The feeder runs ``simulator.producer.Simulator`` exactly as ``sotw simulate`` does (same sessions, faults and
 ledger) in a process of its own, outside Locust's gevent, and takes the simulator's live controls as JSON
-lines on its standard input (``{"op": "load", "factor": 2.0}``, ``faults``, ``clear_faults``, ``add_sensors``,
-``recreate_topics``, ``stop``). Once a second it writes one ``stats`` event on its standard output: the
+lines on its standard input (``loadtest.controls``: ``{"op": "load", "factor": 2.0}``, ``faults``, ...,
+``stop``). Once a second it writes one ``stats`` event on its standard output: the
 simulator's counters, and the publish acknowledgements since the last event as a histogram of milliseconds
 (from the ledger files the simulator closes as it goes), which the Locust side turns into a few request
 events. A closed standard input (the Locust process is gone) stops it cleanly.
@@ -29,8 +29,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from loadtest.controls import SetFaults, StopFeeding, carry_out, from_wire
 from loadtest.lines import Events, commands
-from simulator.config import FaultConfig, SimulatorConfig, SimulatorError
+from simulator.config import SimulatorConfig
 from simulator.producer import Simulator
 from sotw.errors import SotwError
 from sotw.kafka import KafkaConfig
@@ -139,28 +140,16 @@ class Feeder:
 
     def apply(self, command: Mapping[str, Any]) -> None:
         """Carry out one command; a bad one is reported as an ``error`` event and changes nothing."""
-        op = command["op"]
-        sim = self.simulator
         try:
-            if op == "load":
-                sim.set_load_factor(float(command["factor"]))
-            elif op == "faults":
-                faults = FaultConfig.from_mapping(command["faults"])
-                sim.set_faults(faults, command.get("sensor"))
-                if command.get("sensor") is None:
-                    self.faults = faults
-            elif op == "clear_faults":
-                sim.clear_faults(command.get("sensor"))
-            elif op == "add_sensors":
-                sim.add_sensors(int(command["count"]))
-            elif op == "recreate_topics":
-                sim.recreate_topics()
-            elif op == "stop":
+            control = from_wire(command)
+            if isinstance(control, StopFeeding):
                 self.stop.set()
-            else:
-                raise SimulatorError(f"unknown command {op!r}")
-        except (SotwError, KeyError, TypeError, ValueError) as exc:
-            self.events.send("error", message=f"{op}: {exc}", fatal=False)
+                return
+            carry_out(control, self.simulator, base_load=self.sim_config.load_factor)
+            if isinstance(control, SetFaults) and control.sensor is None:
+                self.faults = control.faults
+        except (SotwError, ValueError) as exc:
+            self.events.send("error", message=f"{command.get('op')}: {exc}", fatal=False)
 
     def report(self) -> None:
         """One ``stats`` event: the counters, the current default fault rates, acknowledgements since the last."""

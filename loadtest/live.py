@@ -38,6 +38,7 @@ from typing import Any
 
 from loadtest import figures
 from loadtest.contracts import OutputSpec
+from loadtest.controls import AddSensors, ClearFaults, Control, RecreateTopics, SetFaults, SetLoad, to_wire
 from loadtest.errors import HarnessError
 from loadtest.expect import build_expectation, read_ledger, read_truth
 from loadtest.figures import Outcome
@@ -102,25 +103,29 @@ class FleetRelay:
         with self._lock:
             self.stopping = True
 
+    def send(self, control: Control) -> None:
+        """Send one control to every simulator of the run (as a ``fleet`` event to the Locust side)."""
+        self._events.send("fleet", **to_wire(control))
+
     def set_load_factor(self, factor: float) -> None:
         """Have the simulators send at ``factor`` (the users' own load again when it equals theirs)."""
-        self._events.send("fleet", op="load", factor=factor)
+        self.send(SetLoad(factor))
 
     def set_faults(self, faults: FaultConfig, sensor: str | None = None) -> None:
         """Change fault rates on every simulator."""
-        self._events.send("fleet", op="faults", faults=dataclasses.asdict(faults), sensor=sensor)
+        self.send(SetFaults(faults, sensor))
 
     def clear_faults(self, sensor: str | None = None) -> None:
         """Drop per-sensor rates on every simulator."""
-        self._events.send("fleet", op="clear_faults", sensor=sensor)
+        self.send(ClearFaults(sensor))
 
     def add_sensors(self, count: int) -> None:
         """Have ``count`` sensors join, shared among the simulators."""
-        self._events.send("fleet", op="add_sensors", count=count)
+        self.send(AddSensors(count))
 
     def recreate_topics(self) -> None:
         """Have every simulator create its sensors' topics again."""
-        self._events.send("fleet", op="recreate_topics")
+        self.send(RecreateTopics())
 
     def sample(self) -> dict[str, Any]:
         """The fleet's counters as sampler columns (those ``sotw run`` records for its simulator)."""

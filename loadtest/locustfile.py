@@ -37,6 +37,7 @@ from locust import LoadTestShape, User, constant, events, task
 from locust.runners import LocalRunner, MasterRunner, WorkerRunner
 
 from loadtest.conductor import ASSIGN, CONTROL, STATS, STOP, STOPPED, Conductor, LocustSettings
+from loadtest.controls import from_wire
 from loadtest.driver import ProcessSide, count_aggregated
 from loadtest.fleetplan import USERS_PER_X, LiveConfig, users_for
 from loadtest.headless import Gates
@@ -315,7 +316,7 @@ def _worker(environment: Any, runner: Any) -> None:
         side.assign(msg.data)
 
     def control(environment: Any, msg: Any, **_: Any) -> None:
-        side.control(msg.data)
+        side.control(from_wire(msg.data))
 
     def stop(environment: Any, msg: Any, **_: Any) -> None:
         side.stop()
