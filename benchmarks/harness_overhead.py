@@ -5,7 +5,7 @@ Usage::
     nice -n 10 .venv/bin/python benchmarks/harness_overhead.py [--warmup 10] [--steady 30] [--loads 1 10]
                                                                [--json runs/bench-harness-overhead.json]
 
-Runs the harness as ``sotw run`` does (``loadtest.runner.execute`` on the ``baseline`` profile: embedded
+Runs the harness as ``sotw run`` does (``loadtest.run.runner.execute`` on the ``baseline`` profile: embedded
 broker, the pipeline as its own process, the simulator and the samplers in this process) with short phases,
 once per load factor, and prints ``results.json``'s ``harness_overhead``: the CPU of the harness process over
 the steady phase in % of one core, split into the simulator (its thread, its ledger writer and its producer's
@@ -28,8 +28,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from loadtest.profile import load_profile
-from loadtest.runner import RunRequest, execute
+from loadtest.run.profile import load_profile
+from loadtest.run.runner import RunRequest, execute
 
 TARGETS = {1.0: 5.0, 10.0: 20.0}  # % of one core for simulator + harness, by load factor
 

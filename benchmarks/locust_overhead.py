@@ -5,7 +5,7 @@ Usage::
     .venv/bin/python benchmarks/locust_overhead.py [--load 10] [--seconds 30] [--warm 10] [--profile baseline]
                                                   [--json runs/bench-locust.json]
 
-Runs ``locust -f loadtest/locustfile.py --headless --no-pipeline`` with the profile's fleet at ``--load``
+Runs ``locust -f loadtest/locust/locustfile.py --headless --no-pipeline`` with the profile's fleet at ``--load``
 (``--users-per-x`` users make 1x, so 10x is 100 users) on the embedded broker, without the pipeline: the
 figure is Locust's share, not the machine's. After ``--warm`` seconds it measures, over ``--seconds``, the CPU
 of three processes as a share of one core:
@@ -14,7 +14,7 @@ of three processes as a share of one core:
   publish acknowledgements, the UI's routes; the helper processes are not counted in it);
 - **simulator**: the feeder process running ``simulator.producer.Simulator`` (every thread: the loop,
   librdkafka's, the ledger's writer, and the feeder's once-a-second ack report);
-- **harness**: ``loadtest.live`` (sampler; no pipeline, so no verifier passes).
+- **harness**: ``loadtest.locust.live`` (sampler; no pipeline, so no verifier passes).
 
 It prints the three, Locust's share of the simulator's, and the messages Locust counted per second over the
 window (from its request statistics, which count every acknowledged message). The issue's target: at 10x
@@ -97,8 +97,8 @@ def measure(load: float, seconds: float, warm: float, profile: str) -> dict[str,
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)  # noqa: S603
     try:
         locust = psutil.Process(proc.pid)
-        feeder = child(locust, "loadtest.feeder", 180)
-        live = child(locust, "loadtest.live", 10)
+        feeder = child(locust, "loadtest.locust.feeder", 180)
+        live = child(locust, "loadtest.locust.live", 10)
         time.sleep(warm)
         parts = {"locust": locust, "simulator": feeder, "harness": live}
         before = {name: cpu(p) for name, p in parts.items()}

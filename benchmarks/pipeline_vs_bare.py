@@ -59,7 +59,7 @@ from typing import Any
 import orjson
 from confluent_kafka import KafkaError, TopicPartition
 
-from loadtest.delta import read_commits
+from loadtest.correctness.delta import read_commits
 from pipeline.config import PipelineConfig
 from pipeline.offsets import lag, offsets_from_json
 from pipeline.placement import slot, state_partition

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from loadtest.profile import load_profile, parse_load
-from loadtest.runner import RunRequest, execute
+from loadtest.run.profile import load_profile, parse_load
+from loadtest.run.runner import RunRequest, execute
 
 
 def windows(run_dir: Path, steady: tuple[int, int], window_s: float) -> list[dict[str, float]]:

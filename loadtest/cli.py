@@ -17,17 +17,17 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from loadtest.capacity import SearchSettings, Targets, search, step_of, steps, with_capacity
-from loadtest.contracts import CONTRACTS, FORMATS
-from loadtest.drills import Drill, DrillOutcome, load_drill, scorecard_text, shipped
+from loadtest.correctness.contracts import CONTRACTS, FORMATS
 from loadtest.errors import HarnessError
-from loadtest.job import JobSpec, LagFrom
-from loadtest.processes import PLACEHOLDERS
-from loadtest.profile import Profile, changed, load_profile, parse_load
-from loadtest.report import markdown_summary, write_report
-from loadtest.results import Capacity, Results, Verdict
-from loadtest.runner import RunRequest, execute
-from loadtest.stage import BrokerCommands
+from loadtest.gameday.drills import Drill, DrillOutcome, load_drill, scorecard_text, shipped
+from loadtest.planning.capacity import SearchSettings, Targets, search, step_of, steps, with_capacity
+from loadtest.reports.report import markdown_summary, write_report
+from loadtest.reports.results import Capacity, Results, Verdict
+from loadtest.run.job import JobSpec, LagFrom
+from loadtest.run.processes import PLACEHOLDERS
+from loadtest.run.profile import Profile, changed, load_profile, parse_load
+from loadtest.run.runner import RunRequest, execute
+from loadtest.run.stage import BrokerCommands
 from pipeline.config import SOURCES
 from sotw.cliargs import add_kafka_args, add_logging_args, kafka_config, setup_logging
 from sotw.kafka import KafkaConfig
@@ -94,7 +94,7 @@ def _parser(command: str) -> argparse.ArgumentParser:
 
 
 def add_job_args(p: argparse.ArgumentParser) -> None:
-    """The flags that choose the job under test and how its output is read (``loadtest.job``)."""
+    """The flags that choose the job under test and how its output is read (``loadtest.run.job``)."""
     g = p.add_argument_group(
         "the job under test (default: sotw pipeline; see docs/own-pipeline.md)",
     )

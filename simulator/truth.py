@@ -5,7 +5,7 @@ are the one definition of ``<run_dir>/truth/sessions.parquet``, ``truth/tables/*
 ``truth/snapshots/*.parquet``, the same columns) and ``truth/sensors.parquet``. Tables are written as
 sessions close, snapshots as they start, in files of bounded size. The snapshots are what seq 0 carried: a
 session that lost later messages is judged against the table its delivered messages build
-(``loadtest.contracts``), and a snapshot's change rows against the rows it sent (``loadtest.verify``). A run
+(``loadtest.correctness.contracts``), and a snapshot's change rows against the rows it sent (``loadtest.correctness.verify``). A run
 that is verified while it goes on also gets ``truth/closed/part-NNNNN.parquet``: the sessions closed since
 the part before (``Truth.write_closed``), with the columns of ``sessions.parquet``.
 """

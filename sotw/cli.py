@@ -21,22 +21,25 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "capacity": ("loadtest.cli", "search for the highest load factor the pipeline sustains"),
     "drill": ("loadtest.cli", "a game-day drill: incidents during a run, scored (`drill --list`)"),
     "locust": (
-        "loadtest.locust_cli",
+        "loadtest.locust.locust_cli",
         "Locust drives the fleet: web UI with live lag, latency and correctness",
     ),
     "compare": (
-        "loadtest.compare",
+        "loadtest.reports.compare",
         "two results files (or nightly entries) side by side, B judged against A",
     ),
     "nightly": (
-        "loadtest.nightly",
+        "loadtest.regressions.nightly",
         "the benchmark set, its history, the regression check and the trend page",
     ),
     "plan": (
-        "loadtest.plan",
+        "loadtest.planning.plan",
         "how many executor cores, partitions and brokers a fleet needs (`plan measure`)",
     ),
-    "cluster": ("loadtest.cluster", "a Spark standalone cluster on this machine until Ctrl-C (for --master)"),
+    "cluster": (
+        "loadtest.run.cluster",
+        "a Spark standalone cluster on this machine until Ctrl-C (for --master)",
+    ),
     "demo": ("loadtest.demo", "the README demo on a local Apache Kafka broker"),
 }
 

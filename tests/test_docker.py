@@ -481,7 +481,7 @@ def test_healthcheck_reports_healthy_only_when_the_service_answers(http_server: 
 def test_the_harness_service_runs_a_load_test_on_the_cluster_and_keeps_its_run_where_the_workers_see_it() -> (
     None
 ):
-    from loadtest.profile import load_profile
+    from loadtest.run.profile import load_profile
 
     service = SERVICES["harness"]
     cmd = command(service)

@@ -25,7 +25,7 @@ def free_port() -> int:
 
 
 def start(args: Sequence[str], log: Path, sotw: bool = False) -> subprocess.Popen[bytes]:
-    """``locust -f loadtest/locustfile.py ARGS`` (or ``sotw locust ARGS``), its output to ``log``."""
+    """``locust -f loadtest/locust/locustfile.py ARGS`` (or ``sotw locust ARGS``), its output to ``log``."""
     command = (
         [sys.executable, "-m", "sotw", "locust", *args]
         if sotw

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from loadtest.results import (
+from loadtest.reports.results import (
     Capacity,
     CapacityStep,
     Correctness,

@@ -8,10 +8,10 @@ import math
 import pytest
 
 from loadtest import cli
-from loadtest.capacity import Controller, SearchSettings, Targets, capacity_of
 from loadtest.errors import HarnessError
-from loadtest.profile import default_scenario, load_profile
-from loadtest.results import CapacityStep, Results
+from loadtest.planning.capacity import Controller, SearchSettings, Targets, capacity_of
+from loadtest.reports.results import CapacityStep, Results
+from loadtest.run.profile import default_scenario, load_profile
 
 
 def controller(tmp_path, **settings) -> Controller:

@@ -12,10 +12,10 @@ import time
 import psutil
 import pytest
 
-from loadtest.cluster import ClusterConfig, LocalWorkers, StandaloneCluster
-from loadtest.incidents import WorkerKill
-from loadtest.profile import load_profile
-from loadtest.runner import RunRequest, execute
+from loadtest.gameday.incidents import WorkerKill
+from loadtest.run.cluster import ClusterConfig, LocalWorkers, StandaloneCluster
+from loadtest.run.profile import load_profile
+from loadtest.run.runner import RunRequest, execute
 from pipeline import query
 from sotw.kafka import topic_pattern
 from tests.pipeline.test_pipeline import canon, pipeline_config, rows_of
@@ -95,7 +95,7 @@ def test_a_run_on_the_cluster_recovers_from_its_worker_killed_mid_run(standalone
 
 def test_a_worker_kill_is_read_from_a_drill_table_and_its_parameters_are_checked():
     from loadtest.errors import HarnessError
-    from loadtest.incidents import incident_from_mapping
+    from loadtest.gameday.incidents import incident_from_mapping
 
     kill = incident_from_mapping(
         {"kind": "worker_kill", "at_s": 20, "worker": True, "restart_after_s": 8}, "drill"

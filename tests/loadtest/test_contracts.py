@@ -11,10 +11,10 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import CommitProperties, Transaction, write_deltalake
 
-from loadtest.contracts import OutputSpec, read_tables, tables_end_to_end
+from loadtest.correctness.contracts import OutputSpec, read_tables, tables_end_to_end
+from loadtest.correctness.expect import Policy, read_ledger, read_truth
+from loadtest.correctness.verify import end_to_end_of, read_output, verify_run
 from loadtest.errors import HarnessError
-from loadtest.expect import Policy, read_ledger, read_truth
-from loadtest.verify import end_to_end_of, read_output, verify_run
 from tests.loadtest.builders import T0, Output, SessionSpec, ledger_rows, write_run
 
 CLEAN = [(s, "none") for s in range(7)]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from loadtest.controls import (
+from loadtest.run.controls import (
     OPS,
     AddSensors,
     ClearFaults,

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from loadtest.cli import run_drill
-from loadtest.drills import Drill, drill_from_mapping, load_drill, scorecard_text, shipped
 from loadtest.errors import HarnessError
-from loadtest.results import Results
+from loadtest.gameday.drills import Drill, drill_from_mapping, load_drill, scorecard_text, shipped
+from loadtest.reports.results import Results
 
 
 def drill(text: str, name: str = "test") -> Drill:

@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-from loadtest.expect import Policy
-from loadtest.figures import Outcome, results
-from loadtest.profile import load_profile
-from loadtest.report import key_numbers
-from loadtest.results import Phase
-from loadtest.verify import verify_run
+from loadtest.correctness.expect import Policy
+from loadtest.correctness.verify import verify_run
+from loadtest.measure.figures import Outcome, results
+from loadtest.reports.report import key_numbers
+from loadtest.reports.results import Phase
+from loadtest.run.profile import load_profile
 from tests.loadtest.builders import T0, Output, SessionSpec, ledger_rows, write_run
 
 # One session whose messages are meant every 100 ms from T0 (seq s at T0 + 100 s). The steady phase starts

@@ -11,10 +11,10 @@ import pytest
 from loadtest.cli import _parser as harness_parser
 from loadtest.cli import job_from_args
 from loadtest.errors import HarnessError
-from loadtest.incidents import incident_from_mapping
-from loadtest.job import JobSpec, LagFrom
-from loadtest.processes import CommandTemplate, PipelineProcessConfig
-from loadtest.samplers import GroupLag, checkpoint_position
+from loadtest.gameday.incidents import incident_from_mapping
+from loadtest.measure.samplers import GroupLag, checkpoint_position
+from loadtest.run.job import JobSpec, LagFrom
+from loadtest.run.processes import CommandTemplate, PipelineProcessConfig
 from sotw.kafka import KafkaConfig, ensure_topics
 
 TEMPLATE = "spark-submit 'my job.py' --bootstrap {bootstrap} --topics {pattern} --out {output} --checkpoint {checkpoint}"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from loadtest.expect import read_parquet_dir
+from loadtest.correctness.expect import read_parquet_dir
 from sotw.kafka import KafkaConfig
 from tests.loadtest.locust_process import free_port, start, stop
 

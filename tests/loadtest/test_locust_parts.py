@@ -16,14 +16,14 @@ import pytest
 from locust import User, constant, events, task
 from locust.env import Environment
 
-from loadtest.conductor import Conductor, LocustSettings, RunView
-from loadtest.driver import ACK_NAME, REQUEST_TYPE, count_aggregated, fire_acks
 from loadtest.errors import HarnessError
-from loadtest.fleetplan import LiveConfig, part_config, process_factor, users_for
-from loadtest.locustfile import SensorLoad, cache_locust_defaults
-from loadtest.profile import load_profile
-from loadtest.shapes import make_shape
-from loadtest.webui import correctness_rows, install
+from loadtest.locust.conductor import Conductor, LocustSettings, RunView
+from loadtest.locust.driver import ACK_NAME, REQUEST_TYPE, count_aggregated, fire_acks
+from loadtest.locust.fleetplan import LiveConfig, part_config, process_factor, users_for
+from loadtest.locust.locustfile import SensorLoad, cache_locust_defaults
+from loadtest.locust.shapes import make_shape
+from loadtest.locust.webui import correctness_rows, install
+from loadtest.run.profile import load_profile
 
 
 def test_step_climbs_from_1x_to_10x_in_equal_stages_then_ends() -> None:

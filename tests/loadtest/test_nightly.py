@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from loadtest import compare as compare_cli
-from loadtest import nightly
 from loadtest.errors import HarnessError
-from loadtest.history import Entry, Metric, baseline_of, compare, load_history
-from loadtest.paired import judge_pair
-from loadtest.trend import write_trend
+from loadtest.regressions import nightly
+from loadtest.regressions.history import Entry, Metric, baseline_of, compare, load_history
+from loadtest.regressions.paired import judge_pair
+from loadtest.regressions.trend import write_trend
+from loadtest.reports import compare as compare_cli
 
 REPO = Path(__file__).resolve().parents[2]
 MACHINE = {"cpus": 2, "cpu_model": "test cpu", "memory_gb": 24, "platform_machine": "x86_64"}

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from loadtest.results import Results
+from loadtest.reports.results import Results
 from sotw.kafka import KafkaConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -112,10 +112,10 @@ def test_a_drill_kills_and_restarts_a_team_s_job_and_its_exactly_once_output_sti
 ) -> None:
     import dataclasses
 
-    from loadtest.incidents import incident_from_mapping
-    from loadtest.job import JobSpec
-    from loadtest.profile import load_profile
-    from loadtest.runner import RunRequest, execute
+    from loadtest.gameday.incidents import incident_from_mapping
+    from loadtest.run.job import JobSpec
+    from loadtest.run.profile import load_profile
+    from loadtest.run.runner import RunRequest, execute
 
     scenario = tmp_path / "scenario.toml"
     scenario.write_text(SCENARIO.format(name="own", rate=0.05))
@@ -141,9 +141,9 @@ def test_sotw_s_own_pipeline_writing_delta_passes_the_full_contract(
 ) -> None:
     import dataclasses
 
-    from loadtest.job import JobSpec
-    from loadtest.profile import load_profile
-    from loadtest.runner import RunRequest, execute
+    from loadtest.run.job import JobSpec
+    from loadtest.run.profile import load_profile
+    from loadtest.run.runner import RunRequest, execute
 
     smoke = load_profile("smoke")
     profile = dataclasses.replace(

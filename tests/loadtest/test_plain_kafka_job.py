@@ -14,7 +14,7 @@ import sys
 import uuid
 from pathlib import Path
 
-from loadtest.results import Results
+from loadtest.reports.results import Results
 from sotw.kafka import KafkaConfig
 
 ROOT = Path(__file__).resolve().parents[2]

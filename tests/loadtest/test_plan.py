@@ -7,10 +7,10 @@ import math
 
 import pytest
 
-from loadtest import plan
 from loadtest.errors import HarnessError
-from loadtest.plan import BatchCost, Fleet, Measurements, cores_for, fit, max_rate, steady
-from loadtest.results import Capacity
+from loadtest.planning import plan
+from loadtest.planning.plan import BatchCost, Fleet, Measurements, cores_for, fit, max_rate, steady
+from loadtest.reports.results import Capacity
 from tests.loadtest.sample_results import sample_results
 
 

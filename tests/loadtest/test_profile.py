@@ -1,9 +1,9 @@
 import pytest
 
+from loadtest.correctness.expect import Policy
 from loadtest.errors import HarnessError
-from loadtest.expect import Policy
-from loadtest.processes import PipelineProcessConfig
-from loadtest.profile import load_profile, parse_load, profile_from_mapping
+from loadtest.run.processes import PipelineProcessConfig
+from loadtest.run.profile import load_profile, parse_load, profile_from_mapping
 
 
 def test_the_shipped_profiles_state_everything_a_run_depends_on():

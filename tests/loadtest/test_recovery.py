@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from loadtest.recovery import Stop, Window, measure
+from loadtest.gameday.recovery import Stop, Window, measure
 
 T0 = 1_800_000_000.0  # epoch seconds of the steady phase's start
 

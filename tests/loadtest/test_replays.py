@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from loadtest.expect import Policy
-from loadtest.replays import MODELS, NoIntegrity, Once, Window
+from loadtest.correctness.expect import Policy
+from loadtest.correctness.replays import MODELS, NoIntegrity, Once, Window
 from pipeline.policies import POLICIES
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from loadtest.errors import HarnessError
-from loadtest.results import SCHEMA_VERSION, Figure, Results, Series, Triage, Verdict
+from loadtest.reports.results import SCHEMA_VERSION, Figure, Results, Series, Triage, Verdict
 from tests.loadtest.sample_results import sample_results
 
 

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from loadtest.profile import load_profile
-from loadtest.results import Results
-from loadtest.runner import RunRequest, execute
+from loadtest.reports.results import Results
+from loadtest.run.profile import load_profile
+from loadtest.run.runner import RunRequest, execute
 from sotw.kafka import KafkaConfig
 
 
@@ -53,7 +53,7 @@ def test_a_short_run_passes_and_writes_its_report(smoke, kafka: KafkaConfig, tmp
 def test_a_run_on_spark_s_kafka_connector_killed_mid_run_passes_with_its_lag_from_the_checkpoint(
     smoke, kafka: KafkaConfig, tmp_path
 ):
-    from loadtest.incidents import incident_from_mapping
+    from loadtest.gameday.incidents import incident_from_mapping
 
     on_spark = dataclasses.replace(
         smoke,
@@ -79,7 +79,7 @@ def test_a_run_on_spark_s_kafka_connector_killed_mid_run_passes_with_its_lag_fro
 
 
 def test_a_pipeline_that_skips_a_batch_fails_and_is_blamed(smoke, kafka: KafkaConfig, tmp_path):
-    from loadtest.report import write_report
+    from loadtest.reports.report import write_report
 
     quick = dataclasses.replace(smoke, run=dataclasses.replace(smoke.run, steady_s=6.0))
     result = execute(RunRequest(quick, 1.0, tmp_path / "broken", kafka, pipeline_args=("--drop-batch", "2")))
@@ -130,8 +130,8 @@ def test_every_fault_kind_passes_and_one_value_changed_in_a_faulted_session_fail
 ):
     import pyarrow.parquet as pq
 
-    from loadtest.expect import read_ledger
-    from loadtest.verify import verify_run
+    from loadtest.correctness.expect import read_ledger
+    from loadtest.correctness.verify import verify_run
     from simulator import FaultConfig
 
     faults = FaultConfig(gap=0.005, duplicate=0.01, delayed=0.01, malformed=0.003, abandon=0.05, delay_ms=100)

@@ -8,7 +8,7 @@ import time
 import pytest
 from confluent_kafka import Consumer
 
-from loadtest.samplers import AppendTimes, ThreadCpuProbe
+from loadtest.measure.samplers import AppendTimes, ThreadCpuProbe
 
 
 def test_an_offset_is_dated_between_the_two_samples_that_saw_it_appended() -> None:

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from loadtest.expect import Policy, build_expectation, read_ledger, read_truth
-from loadtest.results import Correctness
-from loadtest.values import read_snapshots
-from loadtest.verify import end_to_end, read_output, verify
+from loadtest.correctness.expect import Policy, build_expectation, read_ledger, read_truth
+from loadtest.correctness.values import read_snapshots
+from loadtest.correctness.verify import end_to_end, read_output, verify
+from loadtest.reports.results import Correctness
 from tests.loadtest.builders import T0, Output, SessionSpec, ledger_rows, write_run
 
 CLEAN = [(s, "none") for s in range(7)]

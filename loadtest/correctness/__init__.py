@@ -1,0 +1,1 @@
+"""The independent verdict: what a correct pipeline must write, rebuilt from the ledger (``expect``, ``replays``, ``values``), checked against the output (``verify``, ``contracts`` for a team's tables), live during a Locust run (``liveverify``), with the blame traced (``triage``)."""

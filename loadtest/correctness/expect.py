@@ -1,0 +1,369 @@
+"""What a correct pipeline must write under a policy, rebuilt from the simulator's ledger alone.
+
+This is an independent model of the integrity policies in issue 4 (it deliberately shares no code with
+``pipeline.state``): each session's delivered copies are replayed in arrival order, which is Kafka's
+``(partition, offset)`` order, and the policy decides what is applied, what is dropped, which violations
+must be reported and how the session must close.
+
+Where the specification leaves a choice to the pipeline (a ``window`` hole still open when ``end`` arrives
+may be flushed at once or at the timeout; a ``once`` row superseded by a higher seq may or may not emit a
+change row), the model runs each reading and keeps what they agree on as *required* and the rest as
+*allowed*. The policy table, per session:
+
+=========  ===================================  ====================================  =====================
+policy     applied                              violations that must be reported      status when ``end``
+=========  ===================================  ====================================  =====================
+strict     in seq order until the first         none required; the query must stop    ``ok``; the faulty
+           violation, nothing after it          (``must_stop``)                       session absent or
+                                                                                      ``failed``
+ordered    seqs above the next expected;        gap (each skipped seq), duplicate,    ``degraded`` after a
+           stale and repeated seqs dropped      reorder (stale seq that never came)   gap, else ``ok``
+once       every distinct seq once, any order   duplicate; gap for each seq missing   ``failed`` if a seq is
+                                                when the session closes               missing, else ``ok``
+window     buffered and released in seq         gap when a hole outlives the window,  ``degraded`` after a
+           order; a hole expires when more      duplicate, reorder (came after its    gap, else ``ok``
+           than ``window_messages`` wait        hole expired)
+none       everything as it comes               none required (counts only)           ``ok`` when clean,
+                                                                                      else not checked
+=========  ===================================  ====================================  =====================
+
+A session with no ``end`` (abandoned, or still open when the run stopped) must close ``timed_out`` with a
+``timeout`` violation once the pipeline's timeout has passed (``Policy.timeouts_expire``); ``once`` may call
+it ``failed`` and ``ordered``/``window`` ``degraded`` when seqs were missing. A session's table must equal
+the truth digest exactly when every snapshot and update seq it meant to send was applied in an order the
+policy makes equivalent to seq order. Malformed copies are matched to dead letters by offset (their seq is
+unknown to the pipeline), and the seq they replaced is missing like a gap.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+import pyarrow.dataset as ds
+
+from loadtest.correctness.replays import MODELS, SESSION_LEVEL, Arrival, Event, Outcome, PolicyModel
+from loadtest.errors import HarnessError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The integrity policy of a run, as the verifier needs to know it.
+
+    Parameters
+    ----------
+    name
+        One of ``strict``, ``ordered``, ``once``, ``window``, ``none``.
+    window_messages
+        For ``window``: a hole expires when more than this many later messages wait behind it.
+    window_ms
+        For ``window`` with a time-based lateness: the outcome then depends on timing the ledger cannot
+        replay, so the model accepts anything between no window and an unbounded one.
+    timeouts_expire
+        Whether the pipeline's session timeout passed before the run ended, so that sessions without
+        ``end`` must be closed ``timed_out`` (otherwise their session record may be absent).
+    session_timeout_ms, trigger_ms
+        The pipeline's session timeout and micro-batch interval: a session closed by its timeout must have
+        been quiet that long, within one trigger. None leaves that unchecked.
+    """
+
+    name: str
+    window_messages: int | None = None
+    window_ms: int | None = None
+    timeouts_expire: bool = True
+    session_timeout_ms: int | None = None
+    trigger_ms: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.name not in MODELS:
+            raise ValueError(f"policy name must be one of {tuple(MODELS)}, got {self.name!r}")
+        if self.window_messages is not None and self.window_messages < 0:
+            raise ValueError(f"window_messages must be >= 0, got {self.window_messages!r}")
+        if self.window_ms is not None and self.window_ms < 0:
+            raise ValueError(f"window_ms must be >= 0, got {self.window_ms!r}")
+        for name in ("session_timeout_ms", "trigger_ms"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ValueError(f"{name} must be >= 0, got {value!r}")
+        self.model  # noqa: B018 -- the model checks the settings its policy needs
+
+    @property
+    def model(self) -> PolicyModel:
+        """The verifier's model of this policy (``loadtest.correctness.replays``)."""
+        return MODELS[self.name](self)
+
+    @property
+    def applies_whole_snapshots(self) -> bool:
+        """Whether an applied snapshot sets every row it carries (``once`` skips rows a later seq set first)."""
+        return self.model.applies_whole_snapshots
+
+
+@dataclass(frozen=True)
+class SessionExpectation:
+    """What the pipeline must write for one session (see the module docstring for the rules)."""
+
+    session: str
+    sensor: str
+    topic: str
+    truth_status: str
+    truth_digest: str | None
+    statuses: frozenset[str]
+    closed_by: frozenset[str]
+    exact: bool
+    degraded_from: frozenset[int]
+    applied_min: dict[int, int]
+    applied_max: dict[int, int]
+    events_required: frozenset[Event]
+    events_allowed: frozenset[Event]
+    update_seqs: tuple[int, ...]
+    stop_at: int | None = None
+    #: A strict stop may have cut the session short: its output may hold only a prefix of its changes.
+    cut_short: bool = False
+
+    @property
+    def must_be_present(self) -> bool:
+        """Whether a session record must exist."""
+        return "absent" not in self.statuses
+
+
+@dataclass(frozen=True)
+class Expectation:
+    """The whole run's expectation: per session, plus dead letters and the ledger for triage."""
+
+    policy: Policy
+    sessions: dict[str, tuple[SessionExpectation, ...]]
+    malformed: pd.DataFrame
+    undelivered: pd.DataFrame
+    ledger: pd.DataFrame
+    injected: dict[str, int]
+    must_stop: bool
+    #: The rows each snapshot carried (``loadtest.correctness.values.read_snapshots``); empty when the run has none.
+    snapshots: pd.DataFrame = field(default_factory=pd.DataFrame)
+
+
+# --------------------------------------------------------------------------------------------------- reading
+
+
+def read_parquet_dir(path: Path) -> pd.DataFrame:
+    """Read a directory of Parquet files (or one file) with pyarrow; an empty frame if there is none."""
+    if not path.exists():
+        return pd.DataFrame()
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*.parquet") if p.is_file())
+    if not files:
+        return pd.DataFrame()
+    frame: pd.DataFrame = ds.dataset([str(f) for f in files], format="parquet").to_table().to_pandas()
+    return frame
+
+
+#: Where a run that several simulators wrote keeps each one's run directory: ``<run_dir>/parts/<name>``.
+PARTS = "parts"
+
+
+def simulator_dirs(run_dir: Path) -> list[Path]:
+    """The simulator run directories of a run: ``run_dir`` itself, or each of its ``parts/<name>``.
+
+    A Locust run's processes each run a simulator of their own over sensors of their own; the run is the
+    union of their ledgers and truths.
+    """
+    parts = run_dir / PARTS
+    if (run_dir / "ledger").exists() or not parts.is_dir():
+        return [run_dir]
+    return sorted(p for p in parts.iterdir() if p.is_dir())
+
+
+def _union(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    kept = [f for f in frames if not f.empty]
+    return pd.concat(kept, ignore_index=True) if len(kept) > 1 else (kept[0] if kept else pd.DataFrame())
+
+
+def read_ledger(run_dir: Path) -> pd.DataFrame:
+    """The simulator's ledger of a run directory (the union of its parts'), every copy one row.
+
+    Raises
+    ------
+    HarnessError
+        If the run directory has no ledger.
+    """
+    ledger = _union([read_parquet_dir(d / "ledger") for d in simulator_dirs(run_dir)])
+    if ledger.empty:
+        raise HarnessError(f"no ledger in {run_dir / 'ledger'}: was the simulator run with this run dir?")
+    return ledger
+
+
+def read_truth(run_dir: Path) -> pd.DataFrame:
+    """The simulator's truth (the union of its parts'): one row per session with its status, rows and digest."""
+    return _union([read_parquet_dir(d / "truth" / "sessions.parquet") for d in simulator_dirs(run_dir)])
+
+
+# --------------------------------------------------------------------------------------------------- replays
+
+
+# --------------------------------------------------------------------------------------------- expectations
+
+
+def _replays(policy: Policy, arrivals: Sequence[Arrival], end_seq: int | None) -> list[Outcome]:
+    """Every reading of the policy the specification allows, each replayed once."""
+    outcomes = policy.model.readings(arrivals, end_seq)
+    for out in outcomes:
+        out.via_timeout |= out.closed_by is None and out.stop_at is None
+    return outcomes
+
+
+def _statuses(policy: Policy, out: Outcome, exact: bool) -> set[str]:
+    """The session statuses this replay allows."""
+    if out.stop_at is not None:
+        return {"absent", "failed"}
+    waits = set() if policy.timeouts_expire or not out.via_timeout else {"absent"}
+    if out.closed_by == "end":
+        return waits | policy.model.statuses_at_end(out, exact)
+    return waits | policy.model.statuses_at_timeout(out)
+
+
+def _session_events(policy: Policy, out: Outcome, exact: bool) -> tuple[set[Event], set[Event]]:
+    """Required and allowed violations of one replay, including those about the whole session."""
+    required, allowed = set(out.events), set(out.events) | out.optional_events
+    if out.closed_by == "end" and not exact:
+        allowed.add(("digest_mismatch", SESSION_LEVEL))
+    if out.closed_by is None and out.stop_at is None and policy.timeouts_expire:
+        required.add(("timeout", SESSION_LEVEL))
+    if not policy.timeouts_expire:
+        required -= out.at_timeout  # the timeout has not fired yet, so these may not be reported yet
+    if out.via_timeout:
+        allowed.add(("timeout", SESSION_LEVEL))
+    if not policy.model.requires_reports:
+        required = set()
+    return required, allowed | required
+
+
+def _arrivals(rows: pd.DataFrame) -> list[Arrival]:
+    """The session's intact delivered copies in Kafka order: ``(partition, life, offset)``.
+
+    A partition's ``life`` counts the times its offsets started again from a lower number (a broker that
+    lost its data, a topic recreated): what was acknowledged after such a reset comes after everything
+    before it, although its offsets are lower. Acknowledgements of one partition arrive in offset order, so
+    in acknowledgement order an offset below one already seen marks the reset.
+    """
+    copies = rows[rows["delivered"].fillna(False).astype(bool) & rows["offset"].notna()]
+    if "acked_ts" in copies:
+        acked = copies.sort_values(["partition", "acked_ts", "offset"])
+        seen = acked.groupby("partition")["offset"].cummax().groupby(acked["partition"]).shift()
+        acked = acked.assign(life=(acked["offset"] < seen).astype(int).groupby(acked["partition"]).cumsum())
+    else:
+        acked = copies.assign(life=0)
+    intact = acked[acked["fault"] != "malformed"].sort_values(["partition", "life", "offset"])
+    return [
+        (int(s), str(k), int(t))
+        for s, k, t in zip(intact["seq"], intact["kind"], intact["intended_ts"], strict=True)
+    ]
+
+
+def expect_session(
+    policy: Policy,
+    rows: pd.DataFrame,
+    truth: dict[str, object] | None,
+) -> tuple[SessionExpectation, ...]:
+    """What the pipeline may write for one session: one expectation per reading of the policy.
+
+    The output must match one of them in full (the verifier picks the closest), so mixing parts of two
+    readings (the status of one with the change rows of another) is not accepted.
+    """
+    first = rows.iloc[0]
+    table_seqs = frozenset(int(s) for s in rows.loc[rows["kind"] != "end", "seq"].unique())
+    ends = rows.loc[rows["kind"] == "end", "seq"]
+    end_seq = int(ends.iloc[0]) if len(ends) else None
+    arrivals = _arrivals(rows)
+    truth = truth or {}
+    digest = truth.get("digest")
+    updates = tuple(sorted(int(s) for s in rows.loc[rows["kind"] == "update", "seq"].unique()))
+    readings = []
+    for out in _replays(policy, arrivals, end_seq):
+        exact = policy.model.exact(out, table_seqs)
+        required, allowed = _session_events(policy, out, exact)
+        seqs = set(out.applied) | out.optional_applied
+        readings.append(
+            SessionExpectation(
+                session=str(first["session"]),
+                sensor=str(first["sensor"]),
+                topic=str(first["topic"]),
+                truth_status=str(truth.get("status", "unknown")),
+                truth_digest=str(digest) if digest is not None else None,
+                statuses=frozenset(_statuses(policy, out, exact) if arrivals else {"absent"}),
+                closed_by=frozenset({out.closed_by or "timeout"}),
+                exact=exact and bool(arrivals) and digest is not None,
+                degraded_from=frozenset({out.degraded_from} if out.degraded_from is not None else ()),
+                applied_min={s: 0 if s in out.optional_applied else out.applied.get(s, 0) for s in seqs},
+                applied_max={
+                    s: max(1, out.applied.get(s, 0)) if s in out.optional_applied else out.applied[s]
+                    for s in seqs
+                },
+                events_required=frozenset(required),
+                events_allowed=frozenset(allowed),
+                update_seqs=updates,
+                stop_at=out.stop_at,
+            )
+        )
+    return tuple(readings)
+
+
+def _relax_for_stop(exp: SessionExpectation) -> SessionExpectation:
+    """Under ``strict`` once the query must stop, nothing more is required, only forbidden things stay."""
+    from dataclasses import replace
+
+    return replace(
+        exp,
+        statuses=exp.statuses | {"absent"},
+        closed_by=exp.closed_by | {"end", "timeout"} if exp.stop_at is None else exp.closed_by,
+        applied_min={s: 0 for s in exp.applied_min},
+        events_required=frozenset(),
+        events_allowed=exp.events_allowed | {("timeout", SESSION_LEVEL)},
+        cut_short=True,
+    )
+
+
+def build_expectation(
+    policy: Policy, ledger: pd.DataFrame, truth: pd.DataFrame, snapshots: pd.DataFrame | None = None
+) -> Expectation:
+    """Everything a correct pipeline must write for this ledger under ``policy``.
+
+    ``snapshots`` are the rows each snapshot carried, against which snapshot change rows are checked.
+    """
+    truth_by_session: dict[str, dict[str, object]] = {}
+    for record in truth.to_dict("records") if not truth.empty else []:
+        truth_by_session[str(record["session"])] = {str(k): v for k, v in record.items()}
+    sessions = {
+        str(name): expect_session(policy, rows, truth_by_session.get(str(name)))
+        for name, rows in ledger.groupby("session", sort=True)
+    }
+    must_stop = any(e.stop_at is not None for readings in sessions.values() for e in readings)
+    if must_stop:
+        sessions = {name: tuple(_relax_for_stop(e) for e in readings) for name, readings in sessions.items()}
+    delivered = ledger["delivered"].fillna(False).astype(bool) & ledger["offset"].notna()
+    malformed = ledger[delivered & (ledger["fault"] == "malformed")]
+    lost = ledger[~delivered & ~ledger["fault"].isin(["gap", "abandoned"])]
+    meant = ledger[ledger["fault"] != "duplicate"]
+    injected = {k: int(v) for k, v in Counter(ledger["fault"]).items() if k != "none"}
+    injected["duplicate"] = int((ledger["fault"] == "duplicate").sum())
+    log.info(
+        "expectation under %s: %d sessions, %d meant messages, %d malformed, must_stop=%s",
+        policy.name,
+        len(sessions),
+        len(meant),
+        len(malformed),
+        must_stop,
+    )
+    return Expectation(
+        policy,
+        sessions,
+        malformed,
+        lost,
+        ledger,
+        injected,
+        must_stop,
+        snapshots if snapshots is not None else pd.DataFrame(),
+    )

@@ -1,0 +1,1 @@
+"""sotw under Locust: the locustfile and its command, the web UI, the Locust side (``conductor``, ``driver``), the simulator's own process (``feeder``) and the harness's run (``live``), which talk in JSON lines (``lines``)."""

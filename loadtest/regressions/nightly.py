@@ -1,0 +1,608 @@
+"""``sotw nightly``: the candidate measured beside its baseline in one run, judged on the ratios, recorded.
+
+Each benchmark runs on the baseline (the last good night's commit, or ``--baseline REF``, checked out beside
+the candidate by ``loadtest.regressions.sidebyside``) and on the candidate in turn, A B, B A, A B ..., each as its own
+process with its own log: the pytest-benchmark micro benchmarks, ``benchmarks/simulator_vs_bare.py``,
+``benchmarks/pipeline_vs_bare.py``, load-test runs at 1x (and 10x) and, in the full set, a game-day drill.
+Every metric is judged on the ratio candidate / baseline of its pairs with a confidence bound
+(``loadtest.regressions.paired``), so a busy machine slows both sides alike instead of raising an alarm. The night, with
+its baseline's values and the judgements, goes into the history (``loadtest.regressions.history.Entry``) and the trend
+page. The command exits 1 when a metric regressed or a benchmark failed, naming which.
+
+Layout under the history root (default ``runs/nightly``)::
+
+    history/<night>-<commit>.json     one entry per night and commit (the part CI keeps)
+    nights/<night>-<commit>-<time>/   raw outputs and logs of that night, baseline/ and candidate/
+    baselines/<commit>/               the baselines' worktrees, kept for the next night
+    comparison.md                     the latest night: candidate against baseline
+    trend.html                        every night, one chart per headline metric
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import math
+import os
+import platform
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from loadtest.errors import HarnessError
+from loadtest.regressions.history import (
+    BenchmarkRun,
+    Entry,
+    Metric,
+    load_history,
+    metrics_from_pipeline_vs_bare,
+    metrics_from_pytest_benchmark,
+    metrics_from_results,
+    metrics_from_simulator_vs_bare,
+)
+from loadtest.regressions.paired import PairedJudgement, judge_pair, judgement_lines, judgement_rows
+from loadtest.regressions.sidebyside import BASELINE, CANDIDATE, Side, install_baseline, resolve
+from loadtest.regressions.trend import write_trend
+from loadtest.reports.results import Results
+
+log = logging.getLogger(__name__)
+
+BENCHMARKS = ("micro", "simulator_vs_bare", "pipeline_vs_bare", "bench", "drill")
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How big each benchmark runs: the full night, or ``--quick`` for a check that takes minutes.
+
+    ``drill_repeats`` caps the drill's pairs (a drill is the longest benchmark: with one pair it is reported,
+    not judged); ``benchmarks`` are the ones the set runs by default; ``budget_s`` is the time the night may
+    take, baseline included, which the pairs added for noisy metrics may not exceed.
+    """
+
+    name: str
+    simulator_messages: int
+    pipeline_messages: int
+    pipeline_max_offsets: int
+    pipeline_sensors: int
+    bench_profile: str
+    bench_steady_s: float
+    bench_loads: tuple[str, ...]
+    benchmarks: tuple[str, ...]
+    drill_repeats: int = 1
+    budget_s: float = 1740.0
+
+
+FULL = Sizes("full", 300_000, 200_000, 25_000, 24, "baseline", 20.0, ("1x", "10x"), BENCHMARKS)
+QUICK = Sizes(
+    "quick",
+    200_000,
+    16_000,
+    4_000,
+    4,
+    "smoke",
+    10.0,
+    ("1x",),
+    ("micro", "simulator_vs_bare", "pipeline_vs_bare", "bench"),
+    budget_s=570.0,
+)
+
+# The drill of a quick night (``--quick --only drill``): kill -9 of the pipeline on the smoke profile.
+QUICK_DRILL = """[drill]
+description = "kill -9 of the pipeline on the smoke profile, restarted 3 s later (the quick nightly's drill)"
+profile = "smoke"
+load = "1x"
+run = { steady_s = 20, max_lag_s = 600, drain_max_s = 300 }
+
+[[incidents]]
+kind = "pipeline_kill"
+at_s = 5
+restart_after_s = 3
+
+[expect]
+rows_lost = 0
+rows_repeated = 0
+"""
+
+
+@dataclass(frozen=True)
+class NightlyConfig:
+    """One night.
+
+    Parameters
+    ----------
+    root
+        The history root (``runs/nightly``).
+    commit, branch
+        What is measured, the candidate (the CLI reads them from git).
+    repeats
+        Pairs of each benchmark: baseline and candidate run this many times each, interleaved.
+    only
+        Run only these benchmarks (``BENCHMARKS``); empty for the set of ``sizes``.
+    sizes
+        ``FULL`` or ``QUICK``.
+    drill
+        The drill's name or file; empty for the quick night's own drill (with ``QUICK``) or the shipped
+        ``pipeline-kill-1x``.
+    baseline
+        The baseline's ref; empty for the last good night's commit of the same suite, or the candidate's own
+        commit when the history has none (the gate then checks its own noise).
+    plant_batch_delay_s, plant_simulator_slowdown
+        The self-test's planted regressions, on the candidate only: sotw pipeline's micro-batches each wait
+        this long (in the pipeline benchmark and the load tests); the simulator sends this fraction slower.
+    python
+        The candidate's interpreter (this one).
+    max_repeats
+        The most pairs of a benchmark when a metric of it is too noisy to judge after ``repeats`` (0: twice
+        ``repeats``); extra pairs stop when the night's budget (``Sizes.budget_s``) would be passed.
+    bootstrap
+        The Kafka cluster every benchmark of both sides uses; empty to start one broker for the night (both
+        sides then meet the same broker, as they meet the same machine).
+    """
+
+    root: Path
+    commit: str = ""
+    branch: str = ""
+    repeats: int = 3
+    only: tuple[str, ...] = ()
+    sizes: Sizes = FULL
+    drill: str = ""
+    baseline: str = ""
+    plant_batch_delay_s: float = 0.0
+    plant_simulator_slowdown: float = 0.0
+    python: str = sys.executable
+    bootstrap: str = ""
+    max_repeats: int = 0
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.only) - set(BENCHMARKS))
+        if unknown:
+            raise HarnessError(f"no benchmark {unknown[0]!r}: choose from {', '.join(BENCHMARKS)}")
+        if self.repeats < 1:
+            raise HarnessError(f"--repeats must be at least 1, got {self.repeats}")
+        if not 0.0 <= self.plant_simulator_slowdown < 1.0:
+            raise HarnessError(
+                f"--plant-simulator-slowdown must be in [0, 1), got {self.plant_simulator_slowdown}"
+            )
+
+    @property
+    def history_dir(self) -> Path:
+        """Where the entries are."""
+        return self.root / "history"
+
+    @property
+    def benchmarks(self) -> tuple[str, ...]:
+        """The benchmarks this night runs, in order."""
+        return tuple(b for b in BENCHMARKS if b in self.only) if self.only else self.sizes.benchmarks
+
+    @property
+    def most_repeats(self) -> int:
+        """The most pairs of one benchmark."""
+        return max(self.repeats, self.max_repeats or 2 * self.repeats)
+
+    @property
+    def planted(self) -> dict[str, str]:
+        """The regressions planted in the candidate, for its entry."""
+        out = {}
+        if self.plant_batch_delay_s > 0:
+            out["batch_delay_s"] = f"{self.plant_batch_delay_s:g}"
+        if self.plant_simulator_slowdown > 0:
+            out["simulator_slowdown"] = f"{self.plant_simulator_slowdown:g}"
+        return out
+
+
+def machine() -> dict[str, Any]:
+    """The machine's description: what must match for nights to be drawn together, and its load."""
+    model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "cpus": os.cpu_count() or 0,
+        "cpu_model": model,
+        "memory_gb": round(psutil.virtual_memory().total / 2**30),
+        "platform_machine": platform.machine(),
+        "system": f"{platform.system()} {platform.release()}",
+        "python": platform.python_version(),
+        "loadavg_start": round(os.getloadavg()[0], 2),
+    }
+
+
+class _SideRuns:
+    """Runs one side's benchmarks, one repetition at a time, into its directory; records each command."""
+
+    def __init__(
+        self, config: NightlyConfig, side: Side, directory: Path, say: Callable[[str], None]
+    ) -> None:
+        self.config = config
+        self.side = side
+        self.dir = directory
+        self.say = say
+        self.runs: list[BenchmarkRun] = []
+        self.planted = side.name == CANDIDATE
+        directory.mkdir(parents=True, exist_ok=True)
+
+    def command(self, name: str, argv: list[str], output: Path) -> bool:
+        """Run one command with its log, in the side's tree and environment; record it; True if it exited 0."""
+        self.say(f"nightly: {self.side.name} {name}: {' '.join(argv[1:])}")
+        log_path = self.dir / f"{name}.log"
+        start = time.monotonic()
+        with log_path.open("ab") as out:
+            code = subprocess.run(
+                argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, check=False,
+                cwd=self.side.tree, env=self.side.environment(),
+            ).returncode  # fmt: skip
+        seconds = time.monotonic() - start
+        self.runs.append(
+            BenchmarkRun(
+                f"{self.side.name}/{name}", argv, round(seconds, 1), code, str(output), str(log_path)
+            )
+        )
+        self.say(f"nightly: {self.side.name} {name} exited {code} after {seconds:.0f} s")
+        return code == 0
+
+    def _script(self, name: str, *args: str) -> list[str]:
+        return [
+            self.side.python,
+            str(self.side.tree / "benchmarks" / name),
+            "--bootstrap",
+            self.config.bootstrap,
+            *args,
+        ]
+
+    def _sotw(self, command: str, *args: str) -> list[str]:
+        return [self.side.python, "-m", "sotw", command, "--bootstrap", self.config.bootstrap, *args]
+
+    def micro(self, i: int) -> list[Metric]:
+        out = self.dir / f"micro-{i + 1}.json"
+        argv = [self.side.python, "-m", "pytest", "benchmarks", "--benchmark-only", f"--benchmark-json={out}",
+                "-q", "-p", "no:cacheprovider", "--benchmark-min-rounds=5", "--benchmark-max-time=0.3"]  # fmt: skip
+        if self.command(f"micro-{i + 1}", argv, out):
+            return metrics_from_pytest_benchmark(json.loads(out.read_text()))
+        return []
+
+    def simulator_vs_bare(self, i: int) -> list[Metric]:
+        out = self.dir / f"simulator_vs_bare-{i + 1}.json"
+        argv = self._script("simulator_vs_bare.py", "--messages", str(self.config.sizes.simulator_messages),
+                            "--repeats", "1", "--json", str(out))  # fmt: skip
+        if self.planted and self.config.plant_simulator_slowdown > 0:
+            argv += ["--plant-slowdown", f"{self.config.plant_simulator_slowdown:g}"]
+        if self.command(f"simulator_vs_bare-{i + 1}", argv, out):
+            return metrics_from_simulator_vs_bare(json.loads(out.read_text()))
+        return []
+
+    def pipeline_vs_bare(self, i: int) -> list[Metric]:
+        out = self.dir / f"pipeline_vs_bare-{i + 1}.json"
+        sizes = self.config.sizes
+        # Two rounds: the first pays for the JVM's first query (``cold_rate``), the second is the ratio.
+        argv = self._script("pipeline_vs_bare.py", "--messages", str(sizes.pipeline_messages),
+                            "--max-offsets", str(sizes.pipeline_max_offsets), "--sensors", str(sizes.pipeline_sensors),
+                            "--repeats", "2", "--json", str(out))  # fmt: skip
+        if self.planted and self.config.plant_batch_delay_s > 0:
+            argv += ["--batch-delay", f"{self.config.plant_batch_delay_s:g}"]
+        if self.command(f"pipeline_vs_bare-{i + 1}", argv, out):
+            return metrics_from_pipeline_vs_bare(json.loads(out.read_text()))
+        return []
+
+    def bench(self, i: int) -> list[Metric]:
+        sizes = self.config.sizes
+        metrics: list[Metric] = []
+        for load in sizes.bench_loads:
+            where = self.dir / f"bench-{load}-{i + 1}"
+            argv = self._sotw("run", "--profile", sizes.bench_profile, "--load", load,
+                              "--steady", f"{sizes.bench_steady_s:g}", "--run-dir", str(where), "-q")  # fmt: skip
+            if self.planted and self.config.plant_batch_delay_s > 0:
+                argv += ["--plant-batch-delay", f"{self.config.plant_batch_delay_s:g}"]
+            # A FAIL verdict exits 1 and is a measurement too (its lag and latency are in the figures).
+            self.command(f"bench-{load}-{i + 1}", argv, where)
+            if (where / "results.json").is_file():
+                metrics += metrics_from_results(f"bench_{load}", [Results.from_json(where / "results.json")])
+        return metrics
+
+    def drill(self, i: int) -> list[Metric]:
+        drill = self.config.drill
+        if not drill and self.config.sizes is QUICK:
+            path = self.dir / "quick-drill.toml"
+            path.write_text(QUICK_DRILL)
+            drill = str(path)
+        where = self.dir / f"drill-{i + 1}"
+        self.command(
+            f"drill-{i + 1}",
+            self._sotw("drill", drill or "pipeline-kill-1x", "--run-dir", str(where), "-q"),
+            where,
+        )
+        if (where / "results.json").is_file():
+            return metrics_from_results("drill", [Results.from_json(where / "results.json")])
+        return []
+
+
+@dataclass
+class _Paired:
+    """Each metric's values on both sides, by repetition (NaN where a repetition did not measure it)."""
+
+    kinds: dict[str, tuple[str, str, str]]
+    values: dict[str, dict[str, list[float]]]
+
+    @classmethod
+    def empty(cls) -> _Paired:
+        return cls({}, {BASELINE: {}, CANDIDATE: {}})
+
+    def add(self, side: str, repetition: int, metrics: Sequence[Metric]) -> None:
+        """One side's metrics of one repetition; a metric with several values counts as their median."""
+        for m in metrics:
+            self.kinds.setdefault(m.name, (m.kind, m.better, m.unit))
+            for each in (BASELINE, CANDIDATE):
+                row = self.values[each].setdefault(m.name, [])
+                row.extend([math.nan] * (repetition + 1 - len(row)))
+            self.values[side][m.name][repetition] = m.median
+
+    def metrics(self, side: str) -> list[Metric]:
+        """One side's metrics, a value per repetition."""
+        return [Metric(n, k, b, list(self.values[side][n]), u) for n, (k, b, u) in self.kinds.items()]
+
+    def judge(self, names: set[str] | None = None) -> list[PairedJudgement]:
+        """Every metric (or those ``names``) judged on its pairs."""
+        return [
+            judge_pair(n, k, b, self.values[BASELINE][n], self.values[CANDIDATE][n], u)
+            for n, (k, b, u) in self.kinds.items()
+            if names is None or n in names
+        ]
+
+
+def choose_baseline(config: NightlyConfig, history: Sequence[Entry]) -> str:
+    """The baseline commit: ``--baseline``, else the last unplanted night of the suite that passed.
+
+    With no such night, the candidate's own commit: the gate then measures its own noise.
+    """
+    if config.baseline:
+        return resolve(REPO, config.baseline)
+    good = [e for e in history if e.verdict == "pass" and not e.planted and e.suite == config.sizes.name]
+    if good and resolve_quietly(good[-1].commit):
+        return good[-1].commit
+    return resolve(REPO, config.commit or "HEAD")
+
+
+def resolve_quietly(commit: str) -> bool:
+    """Whether the repository has ``commit`` (a history may name commits of another clone)."""
+    try:
+        resolve(REPO, commit)
+    except HarnessError:
+        return False
+    return True
+
+
+def run_night(config: NightlyConfig, say: Callable[[str], None] = lambda _: None) -> Entry:
+    """Measure baseline and candidate side by side, judge the pairs, write the history entry; return it.
+
+    Without ``config.bootstrap`` one broker is started for the night and every benchmark uses it.
+    """
+    if not config.bootstrap:
+        from sotw.broker import KafkaBroker
+
+        config.root.mkdir(parents=True, exist_ok=True)
+        with KafkaBroker(log_path=config.root / "broker.log") as broker:
+            say(f"nightly: the night's broker at {broker.bootstrap}")
+            return run_night(dataclasses.replace(config, bootstrap=broker.bootstrap), say)
+    started = time.gmtime()
+    night = time.strftime("%Y-%m-%d", started)
+    directory = (
+        config.root
+        / "nights"
+        / f"{night}-{config.commit[:10] or 'nocommit'}-{time.strftime('%H%M%S', started)}"
+    )
+    description = machine()
+    base_commit = choose_baseline(config, load_history(config.history_dir))
+    say(f"nightly: baseline {base_commit[:12]}, candidate {config.commit[:12] or 'the working tree'}")
+    sides = {
+        BASELINE: _SideRuns(config, install_baseline(REPO, config.root, base_commit, config.python, say), directory / BASELINE, say),
+        CANDIDATE: _SideRuns(config, Side(CANDIDATE, config.commit, REPO, config.python), directory / CANDIDATE, say),
+    }  # fmt: skip
+    paired = _Paired.empty()
+    clock = time.monotonic()
+    done: dict[str, int] = {}
+    seconds: dict[str, float] = {}
+    produced: dict[str, set[str]] = {}
+
+    def pair(name: str) -> None:
+        # A B, then B A: neither side always runs first, so a machine that warms up or slows down over the
+        # night does not favour one.
+        i, start = done.get(name, 0), time.monotonic()
+        for side in (BASELINE, CANDIDATE) if i % 2 == 0 else (CANDIDATE, BASELINE):
+            metrics = getattr(sides[side], name)(i)
+            paired.add(side, i, metrics)
+            produced.setdefault(name, set()).update(m.name for m in metrics)
+        done[name] = i + 1
+        seconds[name] = seconds.get(name, 0.0) + time.monotonic() - start
+
+    for name in config.benchmarks:
+        for _ in range(
+            min(config.repeats, config.sizes.drill_repeats) if name == "drill" else config.repeats
+        ):
+            pair(name)
+    # Then more pairs of the benchmarks with a metric too noisy to judge, while the night's budget lasts.
+    for name in config.benchmarks:
+        while done[name] < config.most_repeats and name != "drill":
+            noisy = [j for j in paired.judge(produced.get(name, set())) if j.reason.startswith("too noisy")]
+            left = config.sizes.budget_s - (time.monotonic() - clock)
+            if not noisy or seconds[name] / done[name] > left:
+                break
+            say(
+                f"nightly: {len(noisy)} metric(s) of {name} too noisy after {done[name]} pairs: one pair more"
+            )
+            pair(name)
+    description["loadavg_end"] = round(os.getloadavg()[0], 2)
+    judgements = paired.judge()
+    runs = sides[BASELINE].runs + sides[CANDIDATE].runs
+    entry = Entry(
+        night=night,
+        commit=config.commit,
+        started_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", started),
+        machine=description,
+        benchmarks=runs,
+        metrics=paired.metrics(CANDIDATE),
+        branch=config.branch,
+        planted=config.planted,
+        suite=config.sizes.name,
+        baseline_commit=base_commit,
+        baseline_metrics=paired.metrics(BASELINE),
+        paired=judgements,
+        verdict=night_verdict(judgements, runs),
+    )
+    path = entry.write(config.history_dir)
+    say(f"nightly: history entry {path}")
+    return entry
+
+
+def night_verdict(judgements: Sequence[PairedJudgement], runs: Sequence[BenchmarkRun]) -> str:
+    """``failed`` when a benchmark did not measure, ``regression`` when a metric regressed, else ``pass``."""
+    if failed_benchmarks(runs):
+        return "failed"
+    return "regression" if any(j.status == "regression" for j in judgements) else "pass"
+
+
+def failed_benchmarks(runs: Sequence[BenchmarkRun]) -> list[BenchmarkRun]:
+    """Benchmarks that did not produce their measurements (a load test's FAIL verdict still measured)."""
+    return [
+        b
+        for b in runs
+        if b.exit_code != 0
+        and not (b.exit_code == 1 and b.name.split("/")[-1].startswith(("bench-", "drill-")))
+    ]
+
+
+def comparison_text(entry: Entry) -> str:
+    """The night as a CI log shows it: regressions first, each with its ratio, bound and both values."""
+    head = (
+        f"nightly {entry.label}: {len(entry.paired)} metrics, candidate {entry.commit[:10] or '-'} against "
+        f"baseline {entry.baseline_commit[:10] or '-'}, side by side"
+    )
+    return "\n".join([head, *judgement_lines(entry.paired)])
+
+
+def write_comparison(config: NightlyConfig, entry: Entry) -> Path:
+    """``comparison.md`` for ``entry`` and the trend page over the whole history; return the former."""
+    from loadtest.reports.pages import md_table
+
+    text = [
+        f"# sotw nightly {entry.label}",
+        "",
+        "```",
+        comparison_text(entry),
+        "```",
+        "",
+        md_table(judgement_rows(entry.paired)),
+    ]
+    failed = failed_benchmarks(entry.benchmarks)
+    if failed:
+        text += ["", "Failed benchmarks: " + ", ".join(f"{b.name} (exit {b.exit_code})" for b in failed)]
+    path = config.root / "comparison.md"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(text) + "\n", encoding="utf-8")
+    write_trend(load_history(config.history_dir), config.root / "trend.html")
+    return path
+
+
+def git(*args: str) -> str:
+    """One line of git's output in the repository, or "" outside a checkout."""
+    try:
+        done = subprocess.run(
+            ["git", *args], capture_output=True, text=True, cwd=REPO, check=False, timeout=30
+        )
+    except OSError:
+        return ""
+    return done.stdout.strip() if done.returncode == 0 else ""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``sotw nightly`` argument parser."""
+    p = argparse.ArgumentParser(
+        prog="sotw nightly",
+        description="Measure the candidate (this checkout) beside its baseline, benchmark by benchmark, "
+        "judge each metric on the ratio of the pairs, add the night to the history and draw the trend page; "
+        "exit 1 on a regression or a failed benchmark (docs/nightly.md).",
+    )
+    p.add_argument("--history", type=Path, default=Path("runs/nightly"), help="history root (runs/nightly)")
+    p.add_argument("--repeats", type=int, default=3, help="pairs of each benchmark (3)")
+    p.add_argument(
+        "--max-repeats",
+        type=int,
+        default=0,
+        help="the most pairs of a benchmark with a metric too noisy to judge, within the budget (2 x --repeats)",
+    )
+    p.add_argument(
+        "--only", action="append", choices=BENCHMARKS, default=[], help="run only this benchmark (repeatable)"
+    )
+    p.add_argument(
+        "--quick", action="store_true", help="small sizes and the smoke profile, no drill: minutes"
+    )
+    p.add_argument(
+        "--drill", default="", help="the drill to run (default pipeline-kill-1x; --quick: its own)"
+    )
+    p.add_argument(
+        "--baseline",
+        default="",
+        metavar="REF",
+        help="the baseline commit, tag or branch (default: the last night that passed; with no history, "
+        "the candidate's own commit)",
+    )
+    p.add_argument(
+        "--bootstrap",
+        default=None,
+        help="the Kafka cluster of every benchmark (default: one broker for the night)",
+    )
+    p.add_argument("--compare-only", action="store_true", help="print the latest entry again; run nothing")
+    p.add_argument("--plant-batch-delay", type=float, default=0.0, help=argparse.SUPPRESS)
+    p.add_argument("--plant-simulator-slowdown", type=float, default=0.0, help=argparse.SUPPRESS)
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    return p
+
+
+def main(argv: Sequence[str]) -> int:
+    """``sotw nightly``: 0 when every benchmark ran and nothing regressed, 1 otherwise."""
+    args = build_parser().parse_args(list(argv))
+    logging.basicConfig(level=logging.WARNING)
+
+    def say(message: str) -> None:
+        if not args.quiet:
+            print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+    config = NightlyConfig(
+        root=args.history,
+        commit=git("rev-parse", "HEAD"),
+        branch=git("rev-parse", "--abbrev-ref", "HEAD"),
+        repeats=args.repeats,
+        max_repeats=args.max_repeats,
+        only=tuple(args.only),
+        sizes=QUICK if args.quick else FULL,
+        drill=args.drill,
+        baseline=args.baseline,
+        plant_batch_delay_s=args.plant_batch_delay,
+        plant_simulator_slowdown=args.plant_simulator_slowdown,
+        bootstrap=args.bootstrap or "",
+    )
+    if args.compare_only:
+        history = load_history(config.history_dir)
+        if not history:
+            raise HarnessError(f"no history in {config.history_dir}: run `sotw nightly` first")
+        entry = history[-1]
+    else:
+        entry = run_night(config, say)
+    path = write_comparison(config, entry)
+    print(comparison_text(entry))
+    failed = failed_benchmarks(entry.benchmarks)
+    for b in failed:
+        print(f"FAILED benchmark {b.name}: exit code {b.exit_code} (log {b.log})")
+    print(f"trend: {config.root / 'trend.html'}\ncomparison: {path}")
+    return 1 if entry.verdict != "pass" else 0

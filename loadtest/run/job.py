@@ -1,0 +1,217 @@
+"""Which job a run tests, and how the harness watches it: the one place those choices are made.
+
+By default the job is sotw's own pipeline. ``JobSpec`` describes any other: a command template the harness
+starts, stops, kills and restarts (``--pipeline-cmd``) or a job already running (``--attach``); where its
+position is read for lag (its Spark checkpoint, or its consumer group's committed offsets: ``--lag-from``);
+and which output contract and format the verifier reads (``--contract``, ``--format``). ``job_parts`` turns
+it into the process, the probes and the output the runner uses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from loadtest.correctness.contracts import FULL_DATASETS, OutputSpec
+from loadtest.errors import HarnessError
+from loadtest.gameday.incidents import Incident
+from loadtest.measure.samplers import (
+    CheckpointLag,
+    CheckpointProbe,
+    DeltaOutputProbe,
+    FilesOutputProbe,
+    GroupLag,
+    KafkaLagProbe,
+    LagSource,
+    OutputProbe,
+    Probe,
+    ProgressProbe,
+)
+from loadtest.run.processes import AttachedPipeline, CommandTemplate, PipelineProcess, PipelineProcessConfig
+from loadtest.run.profile import Profile
+from sotw.kafka import KafkaConfig, topic_pattern
+
+# Incidents that act on the pipeline process: a job the harness attached to cannot take them.
+_PROCESS_INCIDENTS = frozenset({"pipeline_kill", "pipeline_restart"})
+
+
+@dataclass(frozen=True)
+class LagFrom:
+    """Where a job's position is read: ``checkpoint`` (a Spark checkpoint directory) or ``group`` (a group id)."""
+
+    kind: str
+    value: str
+
+    @classmethod
+    def parse(cls, text: str) -> LagFrom:
+        """``checkpoint:PATH`` or ``group:ID``.
+
+        Raises
+        ------
+        HarnessError
+            If ``text`` is neither.
+        """
+        kind, sep, value = text.partition(":")
+        if not sep or kind not in ("checkpoint", "group") or not value:
+            raise HarnessError(f"--lag-from must be checkpoint:PATH or group:ID, got {text!r}")
+        return cls(kind, value)
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """The job under test when it is not ``sotw pipeline`` (or sotw's with another output contract).
+
+    Parameters
+    ----------
+    command
+        A command template (``loadtest.run.processes.PLACEHOLDERS``); None runs ``sotw pipeline``.
+    attach
+        The job already runs: the harness neither starts nor stops it. Needs ``output`` and ``lag_from``.
+    output
+        Where an attached job writes (a template job writes to ``{output}``, in the run directory).
+    lag_from
+        Where its position is read; None reads the checkpoint the template was given (``{checkpoint}``).
+    contract, format
+        How the verifier reads its output (``loadtest.correctness.contracts``).
+    ignore_columns
+        Tables contract: columns of the job's table that are not the rows' (``--ignore-column``).
+    """
+
+    command: str | None = None
+    attach: bool = False
+    output: Path | None = None
+    lag_from: LagFrom | None = None
+    contract: str = "full"
+    format: str = "auto"
+    ignore_columns: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        OutputSpec(Path("."), self.contract, self.format)  # checks both names
+        if self.attach and self.command:
+            raise HarnessError(
+                "--attach and --pipeline-cmd exclude each other: attach to a running job, or start one"
+            )
+        if self.attach and (self.output is None or self.lag_from is None):
+            raise HarnessError(
+                "--attach needs --output (where the job writes) and --lag-from checkpoint:PATH or group:ID"
+            )
+        if self.command is not None:
+            self.template()  # a bad template fails here, before any load
+
+    def template(self) -> CommandTemplate | None:
+        """The checked command template, if there is one."""
+        if self.command is None:
+            return None
+        return CommandTemplate(self.command, need_checkpoint=self.lag_from is None)
+
+    def check_incidents(self, incidents: tuple[Incident, ...]) -> None:
+        """Refuse, before the load, incidents an attached job cannot take.
+
+        Raises
+        ------
+        HarnessError
+            Naming the first such incident.
+        """
+        if not self.attach:
+            return
+        for incident in incidents:
+            if incident.kind in _PROCESS_INCIDENTS:
+                raise HarnessError(
+                    f"incident {incident.kind} kills or restarts the pipeline, which a job attached with --attach "
+                    "cannot take: run the job with --pipeline-cmd instead"
+                )
+
+
+@dataclass
+class JobParts:
+    """What the runner needs of the job: its process, its output, and the probes that watch it."""
+
+    process: PipelineProcess
+    output: OutputSpec
+    probes: dict[str, Probe]
+
+
+def job_parts(
+    job: JobSpec | None,
+    profile: Profile,
+    kafka: KafkaConfig,
+    run_dir: Path,
+    prefix: str,
+    extra_args: tuple[str, ...],
+) -> JobParts:
+    """The process, output and probes for one run of ``job`` (None: ``sotw pipeline``)."""
+    job = job or JobSpec()
+    root = run_dir / "pipeline"
+    ours = job.command is None and not job.attach
+    if ours and job.format == "delta":
+        extra_args = (*extra_args, "--format", "delta")
+    config = PipelineProcessConfig(
+        bootstrap=kafka.bootstrap,
+        output=job.output or root / "output",
+        checkpoint=root / "checkpoint",
+        pattern=topic_pattern(prefix),
+        settings=profile.pipeline,
+        extra_args=extra_args,
+        template=job.template(),
+        prefix=prefix,
+        run_dir=run_dir,
+    )
+    log_path = root / "pipeline.log"
+    process: PipelineProcess = (
+        AttachedPipeline(config, log_path) if job.attach else PipelineProcess(config, log_path)
+    )
+    output = OutputSpec(
+        config.output, job.contract, job.format, seen=root / "output_seen.json", ignored=job.ignore_columns
+    )
+    source: LagSource
+    if job.lag_from is None:
+        source = CheckpointLag(config.checkpoint)
+    elif job.lag_from.kind == "checkpoint":
+        source = CheckpointLag(Path(job.lag_from.value))
+    else:
+        source = GroupLag(kafka, job.lag_from.value)
+    probes: dict[str, Probe] = {"lag": KafkaLagProbe(kafka, config.pattern, source, report_consumed=not ours)}
+    if ours:
+        probes["progress"] = ProgressProbe(config.output / "progress.jsonl")
+    elif isinstance(source, CheckpointLag):
+        probes["checkpoint"] = CheckpointProbe(source.checkpoint)
+    probes["output"] = _output_probe(output)
+    return JobParts(process, output, probes)
+
+
+def _output_probe(output: OutputSpec) -> Probe:
+    """Rows written, from sotw's markers, the Delta log, or the Parquet files themselves.
+
+    With ``format = "auto"`` the format shows only once the job has written, so both are watched until then.
+    """
+    if output.contract == "full":
+        delta: Probe = DeltaOutputProbe({name: output.path / name for name in FULL_DATASETS})
+        parquet: Probe = OutputProbe(output.path)
+    else:
+        assert output.seen is not None
+        delta = DeltaOutputProbe({"changes": output.path})
+        parquet = FilesOutputProbe(output.path, output.seen)
+    if output.format != "auto":
+        return delta if output.format == "delta" else parquet
+    return _EitherProbe(output, delta, parquet)
+
+
+class _EitherProbe:
+    """The Delta probe once the output is a Delta table, the Parquet one otherwise."""
+
+    def __init__(self, output: OutputSpec, delta: Probe, parquet: Probe) -> None:
+        self._output = output
+        self._delta = delta
+        self._parquet = parquet
+
+    def sample(self) -> dict[str, Any]:
+        """Rows written so far."""
+        probe = self._delta if self._output.resolved_format() == "delta" else self._parquet
+        return probe.sample()
+
+    def close(self) -> None:
+        """Close the Parquet probe (it writes its files' first-seen times)."""
+        close = getattr(self._parquet, "close", None)
+        if close is not None:
+            close()

@@ -1,0 +1,244 @@
+"""The running system as incidents see it: simulator, pipeline process, broker and checkpoint of one run.
+
+``RunStage`` implements ``loadtest.gameday.incidents.Stage`` for the runner. It also remembers whether the pipeline is
+down on purpose (an incident killed or stopped it), so the runner can tell a pipeline that an incident took
+down from one that stopped on its own. The broker is controlled through ``LocalControl`` (the local
+broker's own methods) or ``CommandControl`` (commands a user gives for a real cluster).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from loadtest.errors import HarnessError
+from loadtest.gameday.incidents import BrokerControl
+from loadtest.run.cluster import LocalWorkers
+from loadtest.run.processes import PipelineProcess
+from loadtest.run.profile import PipelineSettings, Profile
+from simulator.config import FaultConfig
+from sotw.broker import LocalBroker
+from sotw.errors import SotwError
+
+log = logging.getLogger(__name__)
+
+
+class LocalControl:
+    """``BrokerControl`` over a broker the harness started (``sotw.broker.local_broker``)."""
+
+    def __init__(self, broker: LocalBroker) -> None:
+        self.broker = broker
+
+    def pause(self) -> None:
+        """SIGSTOP the broker."""
+        self.broker.pause()
+
+    def resume(self) -> None:
+        """SIGCONT the broker."""
+        self.broker.resume()
+
+    def restart(self, downtime_s: float, lose_data: bool) -> None:
+        """Restart the broker: gracefully when it keeps its data, as a crash when it loses it."""
+        try:
+            self.broker.restart(downtime_s=downtime_s, kill=lose_data, lose_data=lose_data)
+        except SotwError as exc:
+            raise HarnessError(str(exc)) from None
+
+
+@dataclass(frozen=True)
+class BrokerCommands:
+    """Shell commands that stop, start, freeze and thaw a real cluster's broker (``--broker-*-cmd``)."""
+
+    stop: str | None = None
+    start: str | None = None
+    pause: str | None = None
+    resume: str | None = None
+
+
+class CommandControl:
+    """``BrokerControl`` for a cluster the harness did not start: it runs the commands the user gave."""
+
+    def __init__(self, commands: BrokerCommands) -> None:
+        self.commands = commands
+
+    def _run(self, which: str) -> None:
+        text = getattr(self.commands, which)
+        if not text:
+            raise HarnessError(
+                f"this incident needs --broker-{which}-cmd for a cluster given with --bootstrap"
+            )
+        done = subprocess.run(shlex.split(text), capture_output=True, text=True, check=False, timeout=300)
+        if done.returncode != 0:
+            raise HarnessError(f"`{text}` exited with {done.returncode}: {done.stderr.strip()[-300:]}")
+
+    def pause(self) -> None:
+        """Run the pause command."""
+        self._run("pause")
+
+    def resume(self) -> None:
+        """Run the resume command."""
+        self._run("resume")
+
+    def restart(self, downtime_s: float, lose_data: bool) -> None:
+        """Run the stop command, wait, run the start command."""
+        if lose_data:
+            raise HarnessError(
+                "broker_data_loss needs a local broker (its data is wiped): "
+                "a cluster given with --bootstrap keeps its data"
+            )
+        self._run("stop")
+        time.sleep(downtime_s)
+        self._run("start")
+
+
+class SimulatorControls(Protocol):
+    """The live controls incidents use: ``simulator.producer.Simulator``'s, or a Locust run's fleet of them."""
+
+    def set_load_factor(self, factor: float) -> None:
+        """Change the load factor."""
+
+    def set_faults(self, faults: FaultConfig, sensor: str | None = None) -> None:
+        """Change fault rates."""
+
+    def clear_faults(self, sensor: str | None = None) -> None:
+        """Drop per-sensor fault rates."""
+
+    def add_sensors(self, count: int) -> None:
+        """Have ``count`` sensors join."""
+
+    def recreate_topics(self) -> None:
+        """Create the sensors' topics again."""
+
+
+class RunStage:
+    """The parts of one run that incidents act on (``loadtest.gameday.incidents.Stage``).
+
+    Parameters
+    ----------
+    simulator
+        The running simulator (or anything with its live controls).
+    pipeline
+        The pipeline process.
+    broker
+        The broker's controls, or None when the run cannot touch its broker.
+    profile, load_factor
+        What the run was asked for: incidents return to its load and fault rates.
+    """
+
+    def __init__(
+        self,
+        simulator: SimulatorControls,
+        pipeline: PipelineProcess,
+        broker: BrokerControl | None,
+        profile: Profile,
+        load_factor: float,
+    ) -> None:
+        self.simulator = simulator
+        self.pipeline = pipeline
+        self._broker = broker
+        self.profile = profile
+        self.load_factor = load_factor
+        self.pipeline_down_on_purpose = False
+        self._hogs: list[subprocess.Popen[bytes]] = []
+        self._spark: LocalWorkers | None = None
+
+    @property
+    def broker(self) -> BrokerControl | None:
+        """The broker's controls."""
+        return self._broker
+
+    @property
+    def checkpoint(self) -> Path:
+        """The pipeline's checkpoint."""
+        return self.pipeline.config.checkpoint
+
+    @property
+    def base_load_factor(self) -> float:
+        """The run's own load factor."""
+        return self.load_factor
+
+    def set_load_factor(self, factor: float) -> None:
+        """Change the simulator's load factor."""
+        self.simulator.set_load_factor(factor)
+
+    def set_faults(self, faults: FaultConfig | None, sensor: str | None = None) -> None:
+        """Change fault rates; None gives ``sensor`` the profile's rates back."""
+        if faults is None:
+            self.simulator.clear_faults(sensor)
+        else:
+            self.simulator.set_faults(faults, sensor)
+
+    def profile_faults(self) -> FaultConfig:
+        """The profile's global fault rates."""
+        return self.profile.simulator.faults
+
+    def add_sensors(self, count: int) -> None:
+        """Have ``count`` sensors join now."""
+        self.simulator.add_sensors(count)
+
+    def recreate_topics(self) -> None:
+        """Have the simulator create its topics again (after the broker lost its data)."""
+        self.simulator.recreate_topics()
+
+    def kill_pipeline(self) -> None:
+        """SIGKILL the pipeline's whole process tree."""
+        self.pipeline_down_on_purpose = True
+        self.pipeline.kill()
+
+    def stop_pipeline(self) -> int | None:
+        """A graceful stop (SIGTERM)."""
+        self.pipeline_down_on_purpose = True
+        return self.pipeline.stop()
+
+    def start_pipeline(self, changes: Mapping[str, Any]) -> None:
+        """Start the pipeline again on the same checkpoint and output, with ``changes`` to its settings."""
+        known = {f.name for f in dataclasses.fields(PipelineSettings)}
+        unknown = sorted(set(changes) - known)
+        if unknown:
+            raise HarnessError(
+                f"pipeline_restart: settings has no {unknown[0]!r} (pipeline settings: {', '.join(sorted(known))})"
+            )
+        config = self.pipeline.config
+        settings = dataclasses.replace(config.settings, **changes)
+        self.pipeline.config = dataclasses.replace(config, settings=settings)
+        self.pipeline.start()
+        self.pipeline_down_on_purpose = False
+
+    def start_cpu_hogs(self, count: int) -> None:
+        """Start ``count`` processes that each keep one core busy."""
+        for _ in range(count):
+            self._hogs.append(
+                subprocess.Popen([sys.executable, "-c", "while True: pass"], stdin=subprocess.DEVNULL)
+            )
+
+    def stop_cpu_hogs(self) -> None:
+        """Stop every busy process."""
+        while self._hogs:
+            hog = self._hogs.pop()
+            hog.kill()
+            hog.wait(10)
+
+    def kill_spark(self, worker: bool) -> str:
+        """SIGKILL the executors (with ``worker``, the workers too) of the cluster the pipeline runs on."""
+        master = self.pipeline.config.settings.master or ""
+        if not master.startswith("spark://"):
+            raise HarnessError(
+                f"worker_kill needs the pipeline on a standalone cluster (--master spark://HOST:PORT), not {master or 'local[2]'}"
+            )
+        self._spark = self._spark or LocalWorkers(master)
+        if worker:
+            return f"{self._spark.kill_workers()} Spark worker(s) killed with their executors (SIGKILL)"
+        return f"{self._spark.kill_executors()} executor JVM(s) killed (SIGKILL); the worker starts new ones"
+
+    def restart_spark_workers(self) -> str:
+        """Start the killed workers again."""
+        started = self._spark.restart_workers() if self._spark else 0
+        return f"{started} Spark worker(s) started again"
