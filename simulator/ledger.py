@@ -100,23 +100,59 @@ class Lateness:
     HdrHistogram keeps 3 significant digits from 1 us to an hour in fixed memory, and histograms of several
     runs or processes merge (``histogram.add``) and travel encoded (``histogram.encode``) without losing
     anything. A block of values is counted with numpy straight into the histogram's counts: one
-    ``record_value`` call per value would cost the loop about 5 us each.
+    ``record_value`` call per value would cost the loop about 5 us each. That reaches into the histogram's
+    layout (its ``counts`` array, bucket geometry and ``set_internal_tacking_values``), which hdrh does not
+    promise; ``_layout_known`` checks it once against hdrh's own ``get_counts_array_index``, and where it does
+    not hold the histogram is filled value by value (slower, the same figures), said once.
     """
 
     #: Highest lateness counted, us (an hour); anything later is counted as this.
     HIGHEST_US = 3_600_000_000
+    _warned = False
 
     def __init__(self) -> None:
         self.histogram = HdrHistogram(1, self.HIGHEST_US, 3)
         #: The largest lateness counted, ms (at least 0), exactly; None before any.
         self.max_ms: float | None = None
         self._lock = threading.Lock()  # the loop adds while another thread reads percentiles
+        self._fast = self._layout_known()
+        if self._fast:
+            h = self.histogram
+            self._counts = np.ctypeslib.as_array(h.counts)
+            self._mask = h.sub_bucket_mask
+            self._shift = h.sub_bucket_half_count_magnitude
+            self._unit = h.unit_magnitude
+            self._half = h.sub_bucket_half_count
+        elif not Lateness._warned:
+            Lateness._warned = True
+            log.warning(
+                "lateness: this hdrh's histogram layout is not the one sotw counts into with numpy; "
+                "values are recorded one by one (more CPU per message, the same percentiles)"
+            )
+
+    def _layout_known(self) -> bool:
+        """Whether the numpy index of a value is hdrh's own, over values from 0 to the highest."""
         h = self.histogram
-        self._counts = np.ctypeslib.as_array(h.counts)
-        self._mask = h.sub_bucket_mask
-        self._shift = h.sub_bucket_half_count_magnitude
-        self._unit = h.unit_magnitude
-        self._half = h.sub_bucket_half_count
+        try:
+            self._mask, self._shift = h.sub_bucket_mask, h.sub_bucket_half_count_magnitude
+            self._unit, self._half = h.unit_magnitude, h.sub_bucket_half_count
+            if len(np.ctypeslib.as_array(h.counts)) != h.counts_len or not callable(
+                h.set_internal_tacking_values
+            ):
+                return False
+            probe = np.unique(
+                np.r_[0, 1, np.geomspace(1, self.HIGHEST_US, 400).astype(np.int64), self.HIGHEST_US]
+            )
+            return bool(np.array_equal(self._index(probe), [h.get_counts_array_index(int(v)) for v in probe]))
+        except (AttributeError, TypeError, ValueError):
+            return False
+
+    def _index(self, us: np.ndarray) -> np.ndarray:
+        # HdrHistogram's own index of each value (``get_counts_array_index``), for a whole array at once.
+        bits = np.frexp((us | self._mask).astype(np.float64))[1]  # bit length: exact below 2**53
+        bucket = bits - self._unit - (self._shift + 1)
+        index: np.ndarray = ((bucket + 1) << self._shift) + (us >> (bucket + self._unit)) - self._half
+        return index
 
     def add(self, lateness_ms: np.ndarray) -> None:
         """Count a batch of lateness values, ms (a negative one as 0)."""
@@ -124,11 +160,13 @@ class Lateness:
             return
         top = max(0.0, float(lateness_ms.max()))
         us = np.clip(np.rint(lateness_ms * 1000.0), 0, self.HIGHEST_US).astype(np.int64)
-        # HdrHistogram's own index of each value (``get_counts_array_index``), for a whole array at once.
-        bits = np.frexp((us | self._mask).astype(np.float64))[1]  # bit length: exact below 2**53
-        bucket = bits - self._unit - (self._shift + 1)
-        index = ((bucket + 1) << self._shift) + (us >> (bucket + self._unit)) - self._half
-        added = np.bincount(index, minlength=len(self._counts)).astype(np.uint64)
+        if not self._fast:
+            with self._lock:
+                for value in us.tolist():
+                    self.histogram.record_value(value)
+                self.max_ms = top if self.max_ms is None else max(self.max_ms, top)
+            return
+        added = np.bincount(self._index(us), minlength=len(self._counts)).astype(np.uint64)
         with self._lock:
             self._counts += added
             filled = np.flatnonzero(self._counts)
@@ -148,6 +186,8 @@ class Lateness:
         with self._lock:
             if self.max_ms is None:
                 return [None] * len(qs)
+            if not self._fast:
+                return [min(h.get_value_at_percentile(q) / 1000.0, self.max_ms) for q in qs]
             # HdrHistogram's ``get_value_at_percentile``, with numpy: its loop over the 23,552 counts in
             # Python costs about 2 ms a percentile.
             filled = np.cumsum(self._counts)

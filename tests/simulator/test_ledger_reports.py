@@ -91,3 +91,23 @@ def test_lateness_is_counted_as_hdrhistogram_counts_it_and_merges_and_encodes_as
     expected = reference.get_percentile_to_value_dict([50, 99, 99.9])
     assert whole.percentiles(50, 99, 99.9) == [expected[q] / 1000.0 for q in (50, 99, 99.9)]
     assert whole.max_ms == 5_000_000.0 and Lateness().percentiles(50) == [None]
+
+
+def test_where_hdrh_s_layout_is_not_the_known_one_lateness_is_recorded_value_by_value_with_the_same_figures(
+    caplog,
+):
+    class UnknownLayout(Lateness):  # an hdrh release whose counts array sotw does not recognise
+        def _layout_known(self) -> bool:
+            return False
+
+    values = np.random.default_rng(5).exponential(3.0, 5_000)
+    fast, slow = Lateness(), None
+    with caplog.at_level("WARNING", logger="simulator.ledger"):
+        slow = UnknownLayout()
+        UnknownLayout()
+    fast.add(values)
+    slow.add(values)
+    assert slow.histogram.equals(fast.histogram) and slow.count == fast.count == 5_000
+    assert slow.percentiles(50, 99) == fast.percentiles(50, 99)
+    assert sum("recorded one by one" in r.getMessage() for r in caplog.records) <= 1
+    assert fast._fast, "this hdrh's layout is the one the fast path knows"
