@@ -50,7 +50,9 @@ from loadtest.locust.headless import CORRECTNESS_COUNTS
 from loadtest.locust.lines import Events, commands
 from loadtest.measure import figures
 from loadtest.measure.figures import Outcome
-from loadtest.measure.samplers import KafkaLagProbe, OutputProbe, ProgressProbe, ResourceProbe, Sampler
+from loadtest.measure.lag import KafkaLagProbe
+from loadtest.measure.outputs import OutputProbe, ProgressProbe
+from loadtest.measure.samplers import ResourceProbe, Sampler
 from loadtest.reports.report import write_report
 from loadtest.reports.results import Correctness, Results
 from loadtest.run.controls import (

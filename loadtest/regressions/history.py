@@ -482,7 +482,7 @@ def comparison_text(comparison: Comparison) -> str:
 
 def comparison_rows(comparison: Comparison) -> tuple[list[str], list[list[str]]]:
     """The comparison as a table: one row per metric."""
-    from loadtest.reports.report import fmt
+    from loadtest.reports.display import fmt
 
     head = ["metric", "status", "today (spread)", "baseline (spread)", "change", "threshold"]
     rows = []

@@ -144,7 +144,7 @@ def judgement_lines(judgements: Sequence[PairedJudgement]) -> list[str]:
 
 def judgement_rows(judgements: Sequence[PairedJudgement]) -> tuple[list[str], list[list[str]]]:
     """The judgements as a table, regressions first."""
-    from loadtest.reports.report import fmt
+    from loadtest.reports.display import fmt
 
     order = {status: i for i, status in enumerate(STATUSES)}
     rows = []

@@ -16,18 +16,15 @@ from typing import Any
 from loadtest.correctness.contracts import FULL_DATASETS, OutputSpec
 from loadtest.errors import HarnessError
 from loadtest.gameday.incidents import Incident
-from loadtest.measure.samplers import (
-    CheckpointLag,
+from loadtest.measure.lag import CheckpointLag, GroupLag, KafkaLagProbe, LagSource
+from loadtest.measure.outputs import (
     CheckpointProbe,
     DeltaOutputProbe,
     FilesOutputProbe,
-    GroupLag,
-    KafkaLagProbe,
-    LagSource,
     OutputProbe,
-    Probe,
     ProgressProbe,
 )
+from loadtest.measure.samplers import Probe
 from loadtest.run.processes import AttachedPipeline, CommandTemplate, PipelineProcess, PipelineProcessConfig
 from loadtest.run.profile import Profile
 from sotw.kafka import KafkaConfig, topic_pattern

@@ -11,7 +11,7 @@ import pytest
 from loadtest.correctness.expect import Policy
 from loadtest.correctness.verify import verify_run
 from loadtest.measure.figures import Outcome, results
-from loadtest.reports.report import key_numbers
+from loadtest.reports.display import key_numbers
 from loadtest.reports.results import Phase
 from loadtest.run.profile import load_profile
 from tests.loadtest.builders import T0, Output, SessionSpec, ledger_rows, write_run

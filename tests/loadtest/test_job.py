@@ -12,7 +12,7 @@ from loadtest.cli import _parser as harness_parser
 from loadtest.cli import job_from_args
 from loadtest.errors import HarnessError
 from loadtest.gameday.incidents import incident_from_mapping
-from loadtest.measure.samplers import GroupLag, checkpoint_position
+from loadtest.measure.lag import GroupLag, checkpoint_position
 from loadtest.run.job import JobSpec, LagFrom
 from loadtest.run.processes import CommandTemplate, PipelineProcessConfig
 from sotw.kafka import KafkaConfig, ensure_topics

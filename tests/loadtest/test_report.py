@@ -6,7 +6,8 @@ import base64
 import re
 from pathlib import Path
 
-from loadtest.reports.report import charts, write_report
+from loadtest.reports.charts import charts
+from loadtest.reports.report import write_report
 from tests.loadtest.sample_results import sample_results
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -8,7 +8,8 @@ import time
 import pytest
 from confluent_kafka import Consumer
 
-from loadtest.measure.samplers import AppendTimes, ThreadCpuProbe
+from loadtest.measure.lag import AppendTimes
+from loadtest.measure.samplers import ThreadCpuProbe
 
 
 def test_an_offset_is_dated_between_the_two_samples_that_saw_it_appended() -> None:
