@@ -29,9 +29,11 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.dataset as ds
 
+from loadtest.correctness.checks import FAULT_OF_VIOLATION
 from loadtest.correctness.expect import Policy, build_expectation, simulator_dirs
+from loadtest.correctness.output import PipelineOutput
 from loadtest.correctness.triage import Triager
-from loadtest.correctness.verify import FAULT_OF_VIOLATION, PipelineOutput, verify
+from loadtest.correctness.verify import verify
 from loadtest.reports.results import Correctness
 from sotw.kafka import KafkaConfig
 

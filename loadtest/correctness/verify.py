@@ -11,568 +11,46 @@ tables only) is judged by ``loadtest.correctness.contracts``; ``verify_run`` cho
 
 from __future__ import annotations
 
-import json
 import logging
-import math
-from collections import Counter, defaultdict
-from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
+from collections import Counter
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
-import numpy as np
-import pandas as pd
-import pyarrow as pa
-import pyarrow.dataset as ds
-
+from loadtest.correctness.checks import (
+    Tally,
+    check_dead_letters,
+    check_delivery,
+    check_sessions,
+    check_stop,
+    check_timeouts,
+    check_values,
+    ratio,
+    score_faults,
+)
 from loadtest.correctness.contracts import (
     COMMIT_SOURCES,
-    LATENCY_COLUMNS,
     OutputSpec,
-    latencies,
     read_tables,
     read_truth_tables,
-    tables_end_to_end,
     verify_tables,
 )
-from loadtest.correctness.delta import is_delta_table, read_table, transaction_times
 from loadtest.correctness.expect import (
     Expectation,
     Policy,
-    SessionExpectation,
     build_expectation,
     read_ledger,
     read_truth,
 )
-from loadtest.correctness.replays import SESSION_LEVEL, Event
+from loadtest.correctness.output import PipelineOutput, read_output
 from loadtest.correctness.triage import Triager
-from loadtest.correctness.values import check_changes, read_snapshots, sent_messages
-from loadtest.reports.results import Correctness, DamageWindow, Discrepancy, FaultScore, LatencySummary
+from loadtest.correctness.values import read_snapshots
+from loadtest.reports.results import Correctness, Discrepancy
 from sotw.kafka import KafkaConfig
-from sotw.wire import table_digest
 
 log = logging.getLogger(__name__)
 
-PERCENTILES = (50.0, 90.0, 99.0, 99.9)
-
-# Violation kinds the pipeline reports, and the injected fault each one detects.
-FAULT_OF_VIOLATION = {
-    "gap": "gap",
-    "duplicate": "duplicate",
-    "reorder": "delayed",
-    "timeout": "abandoned",
-    "missing_snapshot": "gap",
-    "digest_mismatch": "-",
-    "late_after_close": "delayed",
-}
-_PARTITIONS = {
-    "changes": ("sensor", "date"),
-    "sessions": ("sensor", "date"),
-    "integrity": ("sensor", "date"),
-    "dead_letters": ("date",),
-}
-
-
-@dataclass(frozen=True)
-class PipelineOutput:
-    """The visible (committed) content of a pipeline output root."""
-
-    changes: pd.DataFrame
-    sessions: pd.DataFrame
-    integrity: pd.DataFrame
-    dead_letters: pd.DataFrame
-    commits: dict[int, int] = field(default_factory=dict)
-
-
-def read_commits(root: Path) -> dict[int, int]:
-    """``{batch_id: committed_ms}`` from the ``_commits/<batch_id>.json`` markers."""
-    commits: dict[int, int] = {}
-    folder = root / "_commits"
-    if not folder.is_dir():
-        return commits
-    for path in folder.glob("*.json"):
-        try:
-            batch = int(path.stem)
-            commits[batch] = int(json.loads(path.read_text())["committed_ms"])
-        except (ValueError, KeyError, OSError) as exc:
-            log.warning("ignoring unreadable commit marker %s: %s", path, exc)
-    return commits
-
-
-def read_dataset(path: Path, partitions: Iterable[str], batches: Iterable[int]) -> pd.DataFrame:
-    """One hive-partitioned dataset, restricted to committed batches; partition values read as strings."""
-    files = (
-        sorted(
-            p
-            for p in path.rglob("*.parquet")
-            if not any(part.startswith(("_", ".")) for part in p.relative_to(path).parts)
-        )
-        if path.is_dir()
-        else []
-    )
-    if not files:
-        return pd.DataFrame()
-    schema = pa.schema([(name, pa.string()) for name in partitions])
-    dataset = ds.dataset(
-        [str(f) for f in files],
-        format="parquet",
-        partitioning=ds.partitioning(schema, flavor="hive"),
-        partition_base_dir=str(path),
-    )
-    frame: pd.DataFrame = dataset.to_table().to_pandas()
-    if "batch_id" in frame.columns:
-        frame = frame[frame["batch_id"].isin(list(batches))].reset_index(drop=True)
-    return frame
-
-
-def read_output(root: Path, fmt: str = "auto") -> PipelineOutput:
-    """Read the four datasets and the commit times of an output root (see docs/pipeline-outputs.md).
-
-    ``fmt`` ``parquet`` reads sotw's Parquet layout (only batches with a ``_commits`` marker), ``delta``
-    four Delta tables (every committed version; a batch is dated by the commit that recorded its ``txn``),
-    ``auto`` whichever is on disk.
-    """
-    if OutputSpec(root, "full", fmt).resolved_format() == "delta":
-        return _read_delta_output(root)
-    commits = read_commits(root)
-    frames = {name: read_dataset(root / name, parts, commits) for name, parts in _PARTITIONS.items()}
-    return PipelineOutput(commits=commits, **frames)
-
-
-def _read_delta_output(root: Path) -> PipelineOutput:
-    frames: dict[str, pd.DataFrame] = {}
-    commits: dict[int, int] = {}
-    for name in _PARTITIONS:
-        table = root / name
-        frames[name] = read_table(table) if is_delta_table(table) else pd.DataFrame()
-        for batch, when in transaction_times(table).items():
-            commits[batch] = min(when, commits.get(batch, when))
-    return PipelineOutput(commits=commits, **frames)
-
 
 # ---------------------------------------------------------------------------------------------- checks
-
-
-@dataclass
-class _Tally:
-    """What the checks found, accumulated before it becomes a ``Correctness``."""
-
-    discrepancies: list[Discrepancy] = field(default_factory=list)
-    counts: Counter[str] = field(default_factory=Counter)
-    statuses: Counter[str] = field(default_factory=Counter)
-    damage: list[DamageWindow] = field(default_factory=list)
-    faults: list[FaultScore] = field(default_factory=list)
-    required: Counter[str] = field(default_factory=Counter)
-    detected: Counter[str] = field(default_factory=Counter)
-    hits: Counter[str] = field(default_factory=Counter)
-    allowed_hits: Counter[str] = field(default_factory=Counter)
-
-    def merge(self, other: _Tally) -> None:
-        """Add another tally's findings (one session's, under the reading chosen for it)."""
-        self.discrepancies += other.discrepancies
-        self.damage += other.damage
-        self.faults += other.faults
-        for mine, theirs in (
-            (self.counts, other.counts),
-            (self.statuses, other.statuses),
-            (self.required, other.required),
-            (self.detected, other.detected),
-            (self.hits, other.hits),
-            (self.allowed_hits, other.allowed_hits),
-        ):
-            mine.update(theirs)
-
-    def add(self, kind: str, exp: SessionExpectation | None, detail: str, **where: Any) -> None:
-        """Record one discrepancy; ``exp`` fills in session, sensor and topic unless ``where`` names them."""
-        if exp is not None:
-            where = {"session": exp.session, "sensor": exp.sensor, "topic": exp.topic, **where}
-        where.setdefault("session", "")
-        self.discrepancies.append(Discrepancy(kind=kind, detail=detail, **where))
-
-
-def _by_session(frame: pd.DataFrame) -> dict[str, pd.DataFrame]:
-    if frame.empty or "session" not in frame.columns:
-        return {}
-    return {str(k): g for k, g in frame.groupby("session", sort=False)}
-
-
-def _opt_int(value: Any) -> int | None:
-    return None if value is None or (isinstance(value, float) and math.isnan(value)) else int(value)
-
-
-@dataclass(frozen=True)
-class _Observed:
-    """What the pipeline wrote for one session."""
-
-    records: pd.DataFrame
-    changes: pd.DataFrame
-    events: frozenset[Event]
-
-
-def check_sessions(exp: Expectation, output: PipelineOutput, tally: _Tally) -> None:
-    """Each session's record, change rows and violations against the reading of the policy they fit best."""
-    records, changes = _by_session(output.sessions), _by_session(output.changes)
-    events = _observed_events(output.integrity)
-    tally.counts["rows_written"] = len(output.changes)
-    for name in sorted(set(records) | set(changes) | set(events)):
-        if name not in exp.sessions:
-            _unknown_session(name, records, changes, events, tally)
-    for name, readings in exp.sessions.items():
-        seen = _Observed(
-            records.get(name, pd.DataFrame()),
-            changes.get(name, pd.DataFrame(columns=["seq", "row_id"])),
-            frozenset(events.get(name, set())),
-        )
-        candidates = []
-        for want in readings:
-            local = _Tally()
-            _check_session(want, seen, local)
-            candidates.append(local)
-        tally.merge(min(candidates, key=lambda t: len(t.discrepancies)))
-
-
-def _unknown_session(
-    name: str,
-    records: dict[str, pd.DataFrame],
-    changes: dict[str, pd.DataFrame],
-    events: dict[str, set[Event]],
-    tally: _Tally,
-) -> None:
-    if name in records:
-        tally.add(
-            "unknown_session", None, "a session record for a session the ledger never had", session=name
-        )
-    if name in changes:
-        tally.counts["rows_unexpected"] += len(changes[name])
-        tally.add("unexpected_row", None, "change rows for a session the ledger never had", session=name)
-    for kind, _ in events.get(name, set()):
-        tally.detected[kind] += 1
-    if name in events:
-        tally.add("false_violation", None, "violations for a session the ledger never had", session=name)
-
-
-def _check_session(want: SessionExpectation, seen: _Observed, tally: _Tally) -> None:
-    got = seen.records
-    if got.empty:
-        if want.must_be_present:
-            tally.counts["exact_required"] += int(want.exact)
-            tally.add(
-                "missing_session",
-                want,
-                f"no session record; expected {sorted(want.statuses)}",
-                seq=max(want.applied_max, default=None),
-            )
-    else:
-        if len(got) > 1:
-            tally.add("repeated_session", want, f"{len(got)} session records")
-        _check_record(want, {str(k): v for k, v in got.iloc[0].to_dict().items()}, tally)
-    # A session a strict stop cut short, and the output has not closed, holds only a prefix of its changes:
-    # only the changes of every other session must replay to the true table.
-    _check_changes(want, seen.changes, tally, whole=not (want.cut_short and got.empty))
-    _check_events(want, seen.events, tally)
-
-
-def _check_record(want: SessionExpectation, rec: dict[str, Any], tally: _Tally) -> None:
-    """Status, closing, table digest and degraded-from seq of one session record."""
-    status = str(rec.get("status"))
-    tally.statuses[status] += 1
-    if status not in want.statuses:
-        expected = sorted(want.statuses - {"absent"})
-        tally.add("wrong_status", want, f"status {status!r}, expected one of {expected}")
-    closed_by = rec.get("closed_by")
-    if closed_by is not None and str(closed_by) not in want.closed_by:
-        tally.add("wrong_closed_by", want, f"closed by {closed_by!r}, expected {sorted(want.closed_by)}")
-    if want.exact:
-        tally.counts["exact_required"] += 1
-        if rec.get("digest") == want.truth_digest:
-            tally.counts["exact"] += 1
-        else:
-            tally.add("table_mismatch", want, f"digest {rec.get('digest')} != truth {want.truth_digest}")
-    observed_from = _opt_int(rec.get("degraded_from_seq"))
-    if want.degraded_from:
-        first = min(want.degraded_from)
-        affected = sum(1 for s in want.update_seqs if s >= first)
-        tally.damage.append(DamageWindow(want.session, want.sensor, first, observed_from, affected))
-        if status == "degraded" and observed_from not in want.degraded_from:
-            expected_from = sorted(want.degraded_from)
-            tally.add(
-                "wrong_degraded_from", want, f"degraded from seq {observed_from}, expected {expected_from}"
-            )
-
-
-def _check_changes(
-    want: SessionExpectation, rows: pd.DataFrame, tally: _Tally, *, whole: bool = True
-) -> None:
-    """Every applied message has its change rows exactly as often as the policy allows; none extra.
-
-    The counting is vectorized per session; only seqs that break a bound are looked at one by one.
-    """
-    mult = rows.groupby(["seq", "row_id"]).size() if not rows.empty else pd.Series(dtype="int64")
-    seqs = mult.index.get_level_values(0) if len(mult) else pd.Index([], dtype="int64")
-    per_seq = (
-        mult.groupby(seqs).agg(["min", "max", "size"])
-        if len(mult)
-        else pd.DataFrame(columns=["min", "max", "size"])
-    )
-    bounds = pd.DataFrame(
-        {"lo": pd.Series(want.applied_min, dtype="int64"), "hi": pd.Series(want.applied_max, dtype="int64")}
-    )
-    joined = per_seq.join(bounds, how="outer").astype("float64").fillna(0.0)
-    tally.counts["rows_expected"] += int((joined["lo"] * joined["size"].clip(lower=1)).sum())
-    bad = joined[(joined["min"] < joined["lo"]) | (joined["max"] > joined["hi"])]
-    for seq in bad.index:
-        counts = [int(n) for n in mult.xs(int(seq), level=0).tolist()] if int(seq) in per_seq.index else []
-        _check_seq(want, int(seq), counts, tally)
-    if want.exact and whole and not rows.empty and _replayed_digest(rows) != want.truth_digest:
-        tally.add(
-            "changes_table_mismatch",
-            want,
-            "replaying the change rows in seq order does not give the true table",
-        )
-
-
-def _check_seq(want: SessionExpectation, seq: int, mult: list[int], tally: _Tally) -> None:
-    lo, hi = want.applied_min.get(seq, 0), want.applied_max.get(seq, 0)
-    if not mult:
-        if lo:
-            tally.counts["rows_lost"] += lo
-            tally.add("lost_row", want, f"no change row for seq {seq} (expected {lo}x)", seq=seq)
-        return
-    short = sum(max(0, lo - n) for n in mult)
-    extra = sum(max(0, n - hi) for n in mult)
-    if short:
-        tally.counts["rows_lost"] += short
-        tally.add("lost_row", want, f"seq {seq}: {short} change rows missing", seq=seq)
-    if extra and hi == 0:
-        tally.counts["rows_unexpected"] += extra
-        why = "the policy" if want.stop_at is None else f"strict (the query must stop at seq {want.stop_at})"
-        tally.add("unexpected_row", want, f"seq {seq} must not be applied under {why}", seq=seq)
-    elif extra:
-        tally.counts["rows_repeated"] += extra
-        tally.add("repeated_row", want, f"seq {seq}: {extra} change rows written more than {hi}x", seq=seq)
-
-
-def _replayed_digest(rows: pd.DataFrame) -> str:
-    """The table the change rows describe: from the last snapshot on, each row's change with the highest seq."""
-    snapshots = rows.loc[rows["op"] == "snapshot", "seq"]
-    since = rows[rows["seq"] >= snapshots.max()] if len(snapshots) else rows
-    last = since.sort_values("seq", kind="stable").drop_duplicates("row_id", keep="last")
-    live = last[(last["op"] != "delete") & last["values"].notna()]
-    return table_digest(json.loads(v) for v in live["values"])
-
-
-def _observed_events(integrity: pd.DataFrame) -> dict[str, set[Event]]:
-    """The pipeline's integrity events as ``(violation, seq)`` per session; a gap names every missing seq."""
-    events: dict[str, set[Event]] = defaultdict(set)
-    if integrity.empty:
-        return events
-    for rec in integrity.to_dict("records"):
-        kind, session = str(rec.get("violation")), str(rec.get("session"))
-        if kind == "malformed":
-            continue  # matched through dead letters, by offset
-        if kind == "gap":
-            lo, hi = _opt_int(rec.get("missing_from")), _opt_int(rec.get("missing_to"))
-            if lo is None or hi is None:
-                lo, hi = _opt_int(rec.get("expected_seq")) or 0, (_opt_int(rec.get("got_seq")) or 0) - 1
-            events[session].update(("gap", m) for m in range(lo, hi + 1))
-        elif kind in ("duplicate", "reorder", "late_after_close"):
-            got = _opt_int(rec.get("got_seq"))
-            events[session].add((kind, got if got is not None else SESSION_LEVEL))
-        else:
-            events[session].add((kind, SESSION_LEVEL))
-    return events
-
-
-def _check_events(want: SessionExpectation, got: frozenset[Event], tally: _Tally) -> None:
-    """Required violations reported (recall) and reported violations allowed (precision)."""
-    need, allow = want.events_required, want.events_allowed
-    tally.required.update(k for k, _ in need)
-    tally.detected.update(k for k, _ in got)
-    tally.hits.update(k for k, _ in got & need)
-    tally.allowed_hits.update(k for k, _ in got & allow)
-    for kind, seqs in _group(need - got).items():
-        first = seqs[0] if seqs[0] != SESSION_LEVEL else None
-        tally.add("missed_violation", want, f"{kind} not reported for seq {_seqs(seqs)}", seq=first)
-    for kind, seqs in _group(got - allow).items():
-        first = seqs[0] if seqs[0] != SESSION_LEVEL else None
-        tally.add(
-            "false_violation", want, f"{kind} reported for seq {_seqs(seqs)} but none happened", seq=first
-        )
-
-
-def score_faults(exp: Expectation, tally: _Tally) -> None:
-    """Precision and recall per violation kind, named with the injected fault it detects."""
-    for kind in sorted(set(tally.required) | set(tally.detected)):
-        fault = FAULT_OF_VIOLATION.get(kind, "-")
-        tally.faults.append(
-            FaultScore(
-                kind=kind,
-                fault=fault,
-                injected=exp.injected.get(fault, 0),
-                expected=tally.required[kind],
-                detected=tally.detected[kind],
-                true_positives=tally.hits[kind],
-                precision=_ratio(tally.allowed_hits[kind], tally.detected[kind]),
-                recall=_ratio(tally.hits[kind], tally.required[kind]),
-            )
-        )
-
-
-def _group(events: Iterable[Event]) -> dict[str, list[int]]:
-    grouped: dict[str, list[int]] = defaultdict(list)
-    for kind, seq in sorted(events):
-        grouped[kind].append(seq)
-    return grouped
-
-
-def _seqs(seqs: list[int]) -> str:
-    shown = ", ".join("-" if s == SESSION_LEVEL else str(s) for s in seqs[:8])
-    return shown + (f" and {len(seqs) - 8} more" if len(seqs) > 8 else "")
-
-
-def _ratio(num: int, den: int) -> float:
-    return num / den if den else math.nan
-
-
-def check_dead_letters(exp: Expectation, dead: pd.DataFrame, tally: _Tally) -> None:
-    """Every malformed copy the broker took is quarantined; no valid message is."""
-    wanted = {
-        (str(r["topic"]), int(r["partition"]), int(r["offset"])): r for r in exp.malformed.to_dict("records")
-    }
-    got: set[tuple[str, int, int]] = set()
-    if not dead.empty:
-        got = {
-            (str(t), int(p), int(o))
-            for t, p, o in zip(dead["topic"], dead["partition"], dead["offset"], strict=True)
-        }
-    hits = got & set(wanted)
-    tally.counts["malformed_quarantined"] = len(hits)
-    for key in sorted(set(wanted) - got):
-        r = wanted[key]
-        want = exp.sessions.get(str(r["session"]), (None,))[0]
-        tally.add(
-            "malformed_not_quarantined",
-            want,
-            f"malformed copy of seq {r['seq']} not in dead letters",
-            session=str(r["session"]),
-            seq=None,
-            partition=key[1],
-            offset=key[2],
-        )
-    for key in sorted(got - set(wanted)):
-        tally.add(
-            "false_dead_letter",
-            None,
-            "a dead letter the ledger does not call malformed",
-            topic=key[0],
-            partition=key[1],
-            offset=key[2],
-        )
-    if wanted or got:
-        tally.faults.append(
-            FaultScore(
-                "malformed",
-                "malformed",
-                exp.injected.get("malformed", 0),
-                len(wanted),
-                len(got),
-                len(hits),
-                _ratio(len(hits), len(got)),
-                _ratio(len(hits), len(wanted)),
-            )
-        )
-
-
-def check_values(exp: Expectation, changes: pd.DataFrame, tally: _Tally) -> None:
-    """Every change row holds what the message it came from carried, in every session (``loadtest.correctness.values``).
-
-    This does not depend on the policy's reading of a session: whatever a policy applies, it applies the
-    message's own values.
-    """
-    findings, checked = check_changes(
-        changes, sent_messages(exp.ledger), exp.snapshots, exp.policy.applies_whole_snapshots
-    )
-    tally.counts["rows_values_checked"] = checked
-    for f in findings:
-        want = exp.sessions.get(f.session, (None,))[0]
-        tally.counts["rows_wrong" if f.kind == "wrong_value" else "rows_lost"] += 1
-        tally.add(f.kind, want, f.detail, session=f.session, seq=f.seq)
-
-
-def check_timeouts(exp: Expectation, output: PipelineOutput, tally: _Tally) -> None:
-    """A session closed by its timeout was quiet for the session timeout before it closed, within one trigger.
-
-    Quiet since the later of two moments no message of the session can have come before: the last batch
-    before the closing one that wrote a record of it, and the acknowledgement of its last copy the broker
-    took. Both come no later than the pipeline's last sight of the session, so a correct pipeline always
-    passes; one that closes a session a trigger after its last batch does not.
-    """
-    policy, sessions = exp.policy, output.sessions
-    if policy.session_timeout_ms is None or sessions.empty or "closed_by" not in sessions.columns:
-        return
-    timed = sessions[(sessions["closed_by"] == "timeout") & sessions["processed_ms"].notna()]
-    if timed.empty:
-        return
-    closed = timed.groupby(timed["session"].astype(str))["processed_ms"].min()
-    last_batch = _last_batch_before(output, closed)
-    ledger = exp.ledger
-    acked_rows = ledger[ledger["acked_ts"].notna()]
-    acked = acked_rows.groupby(acked_rows["session"].astype(str))["acked_ts"].max()
-    trigger_ms = policy.trigger_ms or 0
-    for session, when in closed.items():
-        since = max(float(last_batch.get(session, -math.inf)), float(acked.get(session, -math.inf)))
-        if math.isinf(since) or when - since >= policy.session_timeout_ms - trigger_ms:
-            continue
-        tally.add(
-            "early_timeout",
-            exp.sessions.get(str(session), (None,))[0],
-            f"closed by its timeout {(when - since) / 1000:.1f} s after its last message; the session timeout "
-            f"is {policy.session_timeout_ms / 1000:g} s (one trigger, {trigger_ms / 1000:g} s, allowed)",
-            session=str(session),
-        )
-
-
-def _last_batch_before(output: PipelineOutput, closed: pd.Series) -> pd.Series:
-    """Per session, the last ``processed_ms`` before it closed of its change and integrity rows."""
-    frames = [output.changes]
-    if not output.integrity.empty and "violation" in output.integrity.columns:
-        frames.append(output.integrity[output.integrity["violation"] != "timeout"])
-    parts = [
-        pd.DataFrame({"session": f["session"].astype(str), "processed_ms": f["processed_ms"]})
-        for f in frames
-        if not f.empty and "processed_ms" in f.columns
-    ]
-    if not parts:
-        return pd.Series(dtype="float64")
-    activity = pd.concat(parts, ignore_index=True).join(closed.rename("closed"), on="session")
-    before = activity[activity["processed_ms"] < activity["closed"]]
-    return before.groupby("session")["processed_ms"].max()
-
-
-def check_delivery(exp: Expectation, tally: _Tally) -> None:
-    """Messages the producer meant to send that never reached the broker (not injected faults)."""
-    for r in exp.undelivered.to_dict("records"):
-        want = exp.sessions.get(str(r["session"]), (None,))[0]
-        tally.add(
-            "not_delivered",
-            want,
-            f"seq {r['seq']} was not acknowledged: {r.get('error') or 'no report'}",
-            session=str(r["session"]),
-            seq=int(r["seq"]),
-        )
-
-
-def check_stop(exp: Expectation, pipeline_stopped: bool | None, tally: _Tally) -> None:
-    """Under ``strict`` a violation must stop the query."""
-    if not exp.must_stop or pipeline_stopped is not False:
-        return
-    first = next(e for readings in exp.sessions.values() for e in readings if e.stop_at is not None)
-    tally.add(
-        "did_not_stop",
-        first,
-        f"strict must stop the query at seq {first.stop_at} but it kept running",
-        seq=first.stop_at,
-    )
 
 
 # --------------------------------------------------------------------------------------------- verdict
@@ -597,7 +75,7 @@ def verify(
     pipeline_stopped
         Whether the pipeline query stopped on its own (needed for ``strict``); None when unknown.
     """
-    tally = _Tally()
+    tally = Tally()
     check_sessions(expectation, output, tally)
     check_values(expectation, output.changes, tally)
     check_timeouts(expectation, output, tally)
@@ -610,7 +88,7 @@ def verify(
     return _correctness(expectation, tally, discrepancies)
 
 
-def _correctness(exp: Expectation, tally: _Tally, discrepancies: list[Discrepancy]) -> Correctness:
+def _correctness(exp: Expectation, tally: Tally, discrepancies: list[Discrepancy]) -> Correctness:
     kinds = Counter(d.kind for d in discrepancies)
     blame = Counter(d.triage.layer for d in discrepancies if d.triage is not None)
     reasons = [f"{n} {kind.replace('_', ' ')}" for kind, n in sorted(kinds.items())]
@@ -621,7 +99,7 @@ def _correctness(exp: Expectation, tally: _Tally, discrepancies: list[Discrepanc
         sessions_expected=len(exp.sessions),
         sessions_exact_required=required,
         sessions_exact=exact,
-        exact_match_rate=_ratio(exact, required),
+        exact_match_rate=ratio(exact, required),
         rows_expected=tally.counts["rows_expected"],
         rows_written=tally.counts["rows_written"],
         rows_lost=tally.counts["rows_lost"],
@@ -674,46 +152,4 @@ def verify_run(
     return replace(correctness, output_format=fmt, latency_source=COMMIT_SOURCES[source])
 
 
-def end_to_end_of(ledger: pd.DataFrame, output: Path | OutputSpec) -> pd.DataFrame:
-    """``end_to_end`` for an output of either contract and format (see ``loadtest.correctness.contracts``)."""
-    spec = output if isinstance(output, OutputSpec) else OutputSpec(output)
-    if spec.contract == "tables":
-        return tables_end_to_end(ledger, read_tables(spec))
-    return end_to_end(ledger, read_output(spec.path, spec.format))
-
-
 # --------------------------------------------------------------------------------------------- latency
-
-
-def end_to_end(ledger: pd.DataFrame, output: PipelineOutput) -> pd.DataFrame:
-    """Per applied message: ``intended_ts``, ``committed_ms`` of the batch that first wrote it, ``latency_ms``."""
-    if output.changes.empty or not output.commits:
-        return pd.DataFrame(columns=LATENCY_COLUMNS)
-    commits = pd.DataFrame({"batch_id": list(output.commits), "committed_ms": list(output.commits.values())})
-    return latencies(ledger, output.changes[["session", "seq", "batch_id"]].merge(commits, on="batch_id"))
-
-
-def latency_summary(name: str, latencies_ms: Any, scope: str = "steady") -> LatencySummary:
-    """Exact percentiles of an array of latencies in ms (NaNs ignored; NaN figures when it is empty).
-
-    The whole array is in memory, so the percentiles are exact: each is a value that occurred (the smallest
-    value with at least that share of the values at or below it), not an interpolation between two.
-    """
-    values = np.asarray(latencies_ms, dtype=np.float64).ravel()
-    values = values[~np.isnan(values)]
-    if values.size == 0:
-        nan = math.nan
-        return LatencySummary(name, 0, nan, nan, nan, nan, nan, nan, nan, scope)
-    p50, p90, p99, p99_9 = (float(v) for v in np.percentile(values, PERCENTILES, method="inverted_cdf"))
-    return LatencySummary(
-        name,
-        int(values.size),
-        p50,
-        p90,
-        p99,
-        p99_9,
-        float(values.max()),
-        float(values.min()),
-        float(values.mean()),
-        scope,
-    )

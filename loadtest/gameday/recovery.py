@@ -74,7 +74,7 @@ def measure(
     samples
         The run's samples: ``ts`` (epoch seconds), ``lag_age_s``, ``lag_offsets``.
     e2e
-        Per applied message: ``intended_ts`` and ``latency_ms`` (``loadtest.correctness.verify.end_to_end``).
+        Per applied message: ``intended_ts`` and ``latency_ms`` (``loadtest.correctness.latency.end_to_end``).
     lag_bound_s
         The profile's lag bound (``run.max_lag_s``).
     stop

@@ -39,9 +39,10 @@ from typing import Any
 from loadtest.correctness.contracts import OutputSpec
 from loadtest.correctness.expect import build_expectation, read_ledger, read_truth
 from loadtest.correctness.liveverify import LiveVerifier
+from loadtest.correctness.output import PipelineOutput, read_output
 from loadtest.correctness.triage import Triager
 from loadtest.correctness.values import read_snapshots
-from loadtest.correctness.verify import PipelineOutput, read_output, verify
+from loadtest.correctness.verify import verify
 from loadtest.errors import HarnessError
 from loadtest.gameday.incidents import Incident, IncidentRecord, Schedule, incident_from_mapping
 from loadtest.gameday.recovery import Stop

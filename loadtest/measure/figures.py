@@ -25,7 +25,7 @@ import pandas as pd
 
 from loadtest.correctness.contracts import OutputSpec
 from loadtest.correctness.expect import read_ledger
-from loadtest.correctness.verify import end_to_end_of, latency_summary
+from loadtest.correctness.latency import end_to_end_of, latency_summary
 from loadtest.gameday.incidents import IncidentRecord
 from loadtest.gameday.recovery import Stop, Window, measure
 from loadtest.reports.results import (
@@ -365,7 +365,7 @@ def latencies(
     """End-to-end, publish and schedule-lateness percentiles over the steady phase's messages.
 
     Also the end-to-end p50 and p99 over the whole run, by 5 s of commit time, for the latency chart, and
-    every applied message's end-to-end latency (``verify.end_to_end``) for the incident measurements.
+    every applied message's end-to-end latency (``latency.end_to_end``) for the incident measurements.
     """
     ledger = read_ledger(run_dir)
     summaries: list[LatencySummary] = []

@@ -272,7 +272,8 @@ def judge_levels(
     messages meant for it (ledger and commit markers) is within the target.
     """
     from loadtest.correctness.expect import read_ledger
-    from loadtest.correctness.verify import end_to_end, read_output
+    from loadtest.correctness.latency import end_to_end
+    from loadtest.correctness.output import read_output
 
     e2e = end_to_end(read_ledger(run_dir), read_output(run_dir / "pipeline" / "output"))
     intended = e2e["intended_ts"].to_numpy(dtype=float) / 1000.0 if len(e2e) else np.zeros(0)

@@ -7,7 +7,8 @@ from pathlib import Path
 
 from loadtest.correctness.expect import Policy, build_expectation, read_ledger, read_truth
 from loadtest.correctness.liveverify import LiveVerifier, fault_rows
-from loadtest.correctness.verify import read_output, verify
+from loadtest.correctness.output import read_output
+from loadtest.correctness.verify import verify
 from tests.loadtest.builders import T0, Output, SessionSpec, ledger_rows, write_run
 
 CLEAN = [(s, "none") for s in range(7)]

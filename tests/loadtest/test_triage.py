@@ -9,8 +9,9 @@ from typing import Any
 from confluent_kafka import Producer
 
 from loadtest.correctness.expect import Policy, build_expectation, read_ledger, read_truth
+from loadtest.correctness.output import read_output
 from loadtest.correctness.triage import KafkaReader, Triager
-from loadtest.correctness.verify import read_output, verify
+from loadtest.correctness.verify import verify
 from loadtest.reports.results import Discrepancy
 from sotw.kafka import KafkaConfig, ensure_topics
 from tests.loadtest.builders import Output, SessionSpec, ledger_rows, write_run

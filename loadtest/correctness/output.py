@@ -1,0 +1,107 @@
+"""The pipeline's output as the verifier reads it.
+
+The changes, sessions, integrity and dead-letter datasets, Parquet or Delta, with the commit time of every batch.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.dataset as ds
+
+from loadtest.correctness.contracts import (
+    OutputSpec,
+)
+from loadtest.correctness.delta import is_delta_table, read_table, transaction_times
+
+log = logging.getLogger(__name__)
+
+_PARTITIONS = {
+    "changes": ("sensor", "date"),
+    "sessions": ("sensor", "date"),
+    "integrity": ("sensor", "date"),
+    "dead_letters": ("date",),
+}
+
+
+@dataclass(frozen=True)
+class PipelineOutput:
+    """The visible (committed) content of a pipeline output root."""
+
+    changes: pd.DataFrame
+    sessions: pd.DataFrame
+    integrity: pd.DataFrame
+    dead_letters: pd.DataFrame
+    commits: dict[int, int] = field(default_factory=dict)
+
+
+def read_commits(root: Path) -> dict[int, int]:
+    """``{batch_id: committed_ms}`` from the ``_commits/<batch_id>.json`` markers."""
+    commits: dict[int, int] = {}
+    folder = root / "_commits"
+    if not folder.is_dir():
+        return commits
+    for path in folder.glob("*.json"):
+        try:
+            batch = int(path.stem)
+            commits[batch] = int(json.loads(path.read_text())["committed_ms"])
+        except (ValueError, KeyError, OSError) as exc:
+            log.warning("ignoring unreadable commit marker %s: %s", path, exc)
+    return commits
+
+
+def read_dataset(path: Path, partitions: Iterable[str], batches: Iterable[int]) -> pd.DataFrame:
+    """One hive-partitioned dataset, restricted to committed batches; partition values read as strings."""
+    files = (
+        sorted(
+            p
+            for p in path.rglob("*.parquet")
+            if not any(part.startswith(("_", ".")) for part in p.relative_to(path).parts)
+        )
+        if path.is_dir()
+        else []
+    )
+    if not files:
+        return pd.DataFrame()
+    schema = pa.schema([(name, pa.string()) for name in partitions])
+    dataset = ds.dataset(
+        [str(f) for f in files],
+        format="parquet",
+        partitioning=ds.partitioning(schema, flavor="hive"),
+        partition_base_dir=str(path),
+    )
+    frame: pd.DataFrame = dataset.to_table().to_pandas()
+    if "batch_id" in frame.columns:
+        frame = frame[frame["batch_id"].isin(list(batches))].reset_index(drop=True)
+    return frame
+
+
+def read_output(root: Path, fmt: str = "auto") -> PipelineOutput:
+    """Read the four datasets and the commit times of an output root (see docs/pipeline-outputs.md).
+
+    ``fmt`` ``parquet`` reads sotw's Parquet layout (only batches with a ``_commits`` marker), ``delta``
+    four Delta tables (every committed version; a batch is dated by the commit that recorded its ``txn``),
+    ``auto`` whichever is on disk.
+    """
+    if OutputSpec(root, "full", fmt).resolved_format() == "delta":
+        return _read_delta_output(root)
+    commits = read_commits(root)
+    frames = {name: read_dataset(root / name, parts, commits) for name, parts in _PARTITIONS.items()}
+    return PipelineOutput(commits=commits, **frames)
+
+
+def _read_delta_output(root: Path) -> PipelineOutput:
+    frames: dict[str, pd.DataFrame] = {}
+    commits: dict[int, int] = {}
+    for name in _PARTITIONS:
+        table = root / name
+        frames[name] = read_table(table) if is_delta_table(table) else pd.DataFrame()
+        for batch, when in transaction_times(table).items():
+            commits[batch] = min(when, commits.get(batch, when))
+    return PipelineOutput(commits=commits, **frames)
