@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from loadtest.correctness.contracts import CONTRACTS, FORMATS
+from loadtest.correctness.outputspec import CONTRACTS, FORMATS
 from loadtest.errors import HarnessError
 from loadtest.gameday.drills import Drill, DrillOutcome, load_drill, scorecard_text, shipped
 from loadtest.planning.capacity import SearchSettings, Targets, search, step_of, steps, with_capacity

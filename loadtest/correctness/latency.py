@@ -9,14 +9,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from loadtest.correctness.contracts import (
-    LATENCY_COLUMNS,
-    OutputSpec,
-    latencies,
-    read_tables,
-    tables_end_to_end,
-)
+from loadtest.correctness.contracts import LATENCY_COLUMNS, latencies, tables_end_to_end
 from loadtest.correctness.output import PipelineOutput, read_output
+from loadtest.correctness.outputspec import OutputSpec
+from loadtest.correctness.tables import read_tables
 from loadtest.reports.results import LatencySummary
 
 PERCENTILES = (50.0, 90.0, 99.0, 99.9)

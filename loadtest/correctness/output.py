@@ -15,10 +15,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.dataset as ds
 
-from loadtest.correctness.contracts import (
-    OutputSpec,
-)
 from loadtest.correctness.delta import is_delta_table, read_table, transaction_times
+from loadtest.correctness.outputspec import OutputSpec
 
 log = logging.getLogger(__name__)
 

@@ -27,13 +27,7 @@ from loadtest.correctness.checks import (
     ratio,
     score_faults,
 )
-from loadtest.correctness.contracts import (
-    COMMIT_SOURCES,
-    OutputSpec,
-    read_tables,
-    read_truth_tables,
-    verify_tables,
-)
+from loadtest.correctness.contracts import verify_tables
 from loadtest.correctness.expect import (
     Expectation,
     Policy,
@@ -42,6 +36,8 @@ from loadtest.correctness.expect import (
     read_truth,
 )
 from loadtest.correctness.output import PipelineOutput, read_output
+from loadtest.correctness.outputspec import COMMIT_SOURCES, OutputSpec
+from loadtest.correctness.tables import read_tables, read_truth_tables
 from loadtest.correctness.triage import Triager
 from loadtest.correctness.values import read_snapshots
 from loadtest.reports.results import Correctness, Discrepancy

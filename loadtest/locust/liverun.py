@@ -11,10 +11,10 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from loadtest.correctness.contracts import OutputSpec
 from loadtest.correctness.expect import build_expectation, read_ledger, read_truth
 from loadtest.correctness.liveverify import LiveVerifier
 from loadtest.correctness.output import PipelineOutput, read_output
+from loadtest.correctness.outputspec import OutputSpec
 from loadtest.correctness.triage import Triager
 from loadtest.correctness.values import read_snapshots
 from loadtest.correctness.verify import verify

@@ -23,9 +23,9 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from loadtest.correctness.contracts import OutputSpec
 from loadtest.correctness.expect import read_ledger
 from loadtest.correctness.latency import end_to_end_of, latency_summary
+from loadtest.correctness.outputspec import OutputSpec
 from loadtest.gameday.incidents import IncidentRecord
 from loadtest.gameday.recovery import Stop, Window, measure
 from loadtest.reports.results import (

@@ -11,8 +11,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from loadtest.correctness.contracts import parquet_files
 from loadtest.correctness.delta import read_commits
+from loadtest.correctness.tables import parquet_files
 from pipeline.progress import input_messages
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loadtest.correctness.contracts import FULL_DATASETS, OutputSpec
+from loadtest.correctness.outputspec import FULL_DATASETS, OutputSpec
 from loadtest.errors import HarnessError
 from loadtest.gameday.incidents import Incident
 from loadtest.measure.lag import CheckpointLag, GroupLag, KafkaLagProbe, LagSource

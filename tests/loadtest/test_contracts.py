@@ -11,10 +11,12 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import CommitProperties, Transaction, write_deltalake
 
-from loadtest.correctness.contracts import OutputSpec, read_tables, tables_end_to_end
+from loadtest.correctness.contracts import tables_end_to_end
 from loadtest.correctness.expect import Policy, read_ledger, read_truth
 from loadtest.correctness.latency import end_to_end_of
 from loadtest.correctness.output import read_output
+from loadtest.correctness.outputspec import OutputSpec
+from loadtest.correctness.tables import read_tables
 from loadtest.correctness.verify import verify_run
 from loadtest.errors import HarnessError
 from tests.loadtest.builders import T0, Output, SessionSpec, ledger_rows, write_run
