@@ -9,7 +9,8 @@ import pytest
 
 from loadtest.errors import HarnessError
 from loadtest.planning import plan
-from loadtest.planning.plan import BatchCost, Fleet, Measurements, cores_for, fit, max_rate, steady
+from loadtest.planning.costs import BatchCost, Measurements, fit
+from loadtest.planning.plan import Fleet, cores_for, max_rate, steady
 from loadtest.reports.results import Capacity
 from tests.loadtest.sample_results import sample_results
 
