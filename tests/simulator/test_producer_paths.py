@@ -99,23 +99,31 @@ def test_messages_for_topics_a_broker_lost_fail_in_the_ledger_and_the_run_goes_o
 ):
     with KafkaBroker() as broker:
         config = SimulatorConfig(
-            sensors=2, rows=10, partitions=1, rate=500, duration_s=8.0, session_interval_s=600,
+            sensors=2, rows=10, partitions=1, rate=500, duration_s=90.0, session_interval_s=600,
             topic_prefix=unique_prefix(), producer_path=producer_path,
             # librdkafka refuses messages for a topic the cluster says is gone only once the topic is older
             # than this (30 s by default, so that a topic just created has time to propagate).
             producer={"message.timeout.ms": "2000", "topic.metadata.propagation.max.ms": "100"},
         )  # fmt: skip
         sim = Simulator(config, KafkaConfig(broker.bootstrap), tmp_path / "run")
+        stop = threading.Event()
 
         def lose_data_once_acknowledged() -> None:
             while sim.stats().acked < 300:
                 time.sleep(0.01)
             broker.restart(kill=True, lose_data=True)  # back without topics; nobody makes them again
+            # Run on until the producer has refused messages for a while (on a busy machine the broker's
+            # return alone can outlast a fixed duration), at most a minute.
+            back, deadline = sim.stats().failed, time.monotonic() + 60
+            while sim.stats().failed < back + 50 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            time.sleep(2.0)
+            stop.set()
 
         loser = threading.Thread(target=lose_data_once_acknowledged, daemon=True)
         loser.start()
-        summary = (
-            sim.run()
+        summary = sim.run(
+            stop
         )  # no SimulatorError: the producer refusing a message for a gone topic is a failure
         loser.join()
     ledger = read_ledger(summary.run_dir)
