@@ -7,6 +7,7 @@ import pyarrow.dataset as ds
 import pytest
 
 from pipeline.errors import PipelineError
+from pipeline.integrity import IntegrityRecord, Position
 from pipeline.records import Records, with_every_column
 from pipeline.sinks import (
     OWNER_FILE,
@@ -95,7 +96,7 @@ def test_records_are_written_where_hive_partitioning_reads_them_back_whatever_th
     for k, sensor in enumerate(sensors):
         records.change(sensor, f"s{k}", "t", 0, k, 1, day + k, 7, "upsert", '{"id":7}')
     records.change("sensor-0001", "s0", "t", 0, 9, 2, day + 86_400_000, 8, "delete", None)  # the next day
-    records.integrity("gap", sensor=None, session="s9", topic="t", partition=0, offset=3, event_ms=None)
+    records.integrity(IntegrityRecord("gap", None, "s9", Position("t", 0, 3)))
     table = with_every_column(records.to_arrow())
 
     written = write_records(table, str(tmp_path / "staging"), "p0-a0-g1.parquet", 4, day + 5)
