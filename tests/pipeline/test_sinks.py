@@ -9,6 +9,7 @@ import pytest
 from pipeline.errors import PipelineError
 from pipeline.integrity import IntegrityRecord, Position
 from pipeline.records import Records, with_every_column
+from pipeline.recovery import check_consistency, rollback
 from pipeline.sinks import (
     OWNER_FILE,
     PARTITIONS,
@@ -16,9 +17,7 @@ from pipeline.sinks import (
     STAGING,
     WRITTEN_DDL,
     OutputWriter,
-    check_consistency,
     committed_batches,
-    rollback,
     write_records,
 )
 
