@@ -278,10 +278,11 @@ class OutputWriter:
             journal.unlink()
         elif not self._searched:
             # The first batch after a start is the only one that can be a replay, and an output written by a
-            # sotw from before the journal has none: search the datasets for the batch's files once.
+            # sotw from before the journal has none: search the datasets for the batch's files once. A batch
+            # replayed after its Delta commits has no journal either: its committed files are not leftovers.
             for dataset in DATASETS:
                 root = self.output / dataset
-                if root.is_dir():
+                if root.is_dir() and dataset not in keep:
                     for stale in root.rglob(f"b{batch_id}-*"):
                         stale.unlink()
         self._searched = True

@@ -5,6 +5,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
+from deltalake import DeltaTable
 
 from pipeline.errors import PipelineError
 from pipeline.integrity import IntegrityRecord, Position
@@ -194,6 +195,21 @@ def test_a_batch_replayed_after_its_marker_keeps_its_files_and_drops_the_journal
     published = sorted(p.name for p in (output / "changes").rglob("*.parquet"))
     assert published == ["b3-p0-t1-g1.parquet", "b3-p0-t1-g1.parquet"]
     assert not list((output / "_publishing").iterdir())
+
+
+def test_a_batch_replayed_after_its_delta_commits_keeps_the_files_its_tables_name(tmp_path, spark):
+    output = tmp_path / "output"
+    OutputWriter(output, tmp_path / "checkpoint", output_format="delta")(
+        _batch_staging_on_collect(spark, output / STAGING / "3", "1"), 3
+    )
+    # Killed after the tables committed batch 3 and before Spark did: a new process is given it again.
+    OutputWriter(output, tmp_path / "checkpoint", output_format="delta")(
+        _batch_staging_on_collect(spark, output / STAGING / "3", "2"), 3
+    )
+
+    published = sorted(p.name for p in (output / "changes").rglob("*.parquet"))
+    assert published == ["b3-p0-t1-g1.parquet", "b3-p0-t1-g1.parquet"]
+    assert len(DeltaTable(str(output / "changes")).to_pyarrow_table()) == 2
 
 
 def test_a_batch_naming_one_staging_file_twice_is_refused_before_anything_moves(tmp_path, spark):
