@@ -61,10 +61,10 @@ from confluent_kafka import KafkaError, TopicPartition
 
 from loadtest.correctness.delta import read_commits
 from pipeline.config import PipelineConfig
-from pipeline.offsets import lag, offsets_from_json
 from pipeline.placement import slot, state_partition
 from pipeline.progress import input_messages
 from pipeline.query import read_source, run
+from pipeline.source.offsets import lag, offsets_from_json
 from pipeline.spark import SparkConfig, build_session
 from simulator import Simulator, SimulatorConfig
 from sotw.broker import BROKERS, local_broker

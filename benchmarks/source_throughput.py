@@ -29,8 +29,8 @@ from typing import Any
 
 from confluent_kafka import Producer, TopicPartition
 
-from pipeline.offsets import OffsetRange
 from pipeline.source import SourceOptions, read_ranges
+from pipeline.source.offsets import OffsetRange
 from sotw.broker import BROKERS, local_broker
 from sotw.kafka import EndOffsets, KafkaConfig, ensure_topics
 

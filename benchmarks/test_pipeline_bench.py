@@ -19,9 +19,10 @@ import orjson
 import pytest
 
 from pipeline.policies import PolicyConfig
+from pipeline.processor import SessionProcessor
 from pipeline.records import from_blocks, with_every_column
 from pipeline.sinks import write_records
-from pipeline.state import Envelope, SessionProcessor
+from pipeline.state import Envelope
 from sotw.wire import encode_snapshot, encode_update, plain_update
 
 SENSOR = "0007"

@@ -159,7 +159,7 @@ def inspect_main(argv: Sequence[str]) -> int:
 def rollback_main(argv: Sequence[str]) -> int:
     """``sotw pipeline rollback OUTPUT --to-batch N``."""
     from pipeline.errors import PipelineError
-    from pipeline.sinks import rollback
+    from pipeline.recovery import rollback
 
     p = argparse.ArgumentParser(
         prog="sotw pipeline rollback",

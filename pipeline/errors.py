@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pipeline.integrity import IntegrityRecord
 from sotw.errors import SotwError
 
 
@@ -25,63 +26,35 @@ class IntegrityViolation(PipelineError):
 
     Parameters
     ----------
-    violation
-        Which rule was broken: ``gap``, ``duplicate``, ``missing_snapshot``, ``digest_mismatch`` or
-        ``late_after_close``.
-    sensor, session
-        Whose stream broke.
-    topic, partition, offset
-        Where the offending message sits.
-    expected_seq, got_seq
-        The seq the policy expected next and the one that came.
+    record
+        What broke and where (its ``violation``: ``gap``, ``duplicate``, ``missing_snapshot``,
+        ``digest_mismatch`` or ``late_after_close``), as an integrity record would say it.
     last_offset
         Offset of the last message applied to the session (None if none was).
-    detail
-        Anything else worth saying (for a digest mismatch: the expected and rebuilt row count and digest).
     """
 
-    def __init__(
-        self,
-        violation: str,
-        *,
-        sensor: str | None,
-        session: str | None,
-        topic: str,
-        partition: int,
-        offset: int,
-        expected_seq: int | None,
-        got_seq: int | None,
-        last_offset: int | None = None,
-        detail: str = "",
-    ) -> None:
-        self.violation = violation
-        self.sensor = sensor
-        self.session = session
-        self.topic = topic
-        self.partition = partition
-        self.offset = offset
-        self.expected_seq = expected_seq
-        self.got_seq = got_seq
+    def __init__(self, record: IntegrityRecord, last_offset: int | None = None) -> None:
+        self.record = record
         self.last_offset = last_offset
-        self.detail = detail
+        at = record.at
         last = "none" if last_offset is None else str(last_offset)
         message = (
-            f"strict policy: {violation} in session {session!r} of sensor {sensor!r} at topic {topic!r} "
-            f"partition {partition} offset {offset}: expected seq {expected_seq}, got seq {got_seq} "
-            f"(last applied offset: {last})"
+            f"strict policy: {record.violation} in session {record.session!r} of sensor {record.sensor!r} at "
+            f"topic {at.topic!r} partition {at.partition} offset {at.offset}: expected seq {record.expected_seq}, "
+            f"got seq {record.got_seq} (last applied offset: {last})"
         )
-        if detail:
-            message += f"; {detail}"
+        if record.detail:
+            message += f"; {record.detail}"
         super().__init__(message.replace("\n", " "))
 
+    @property
+    def violation(self) -> str:
+        """Which rule was broken."""
+        return self.record.violation
+
     def __reduce__(self) -> tuple[object, ...]:
-        # Keyword-only arguments are not restored by the default exception pickling.
-        return (_rebuild_violation, (self.__dict__.copy(),))
-
-
-def _rebuild_violation(fields: dict[str, object]) -> IntegrityViolation:
-    violation = str(fields.pop("violation"))
-    return IntegrityViolation(violation, **fields)  # type: ignore[arg-type]
+        # Spark pickles the worker's exception; the default pickling would call __init__ with the message.
+        return (type(self), (self.record, self.last_offset))
 
 
 class IntegrityStopped(PipelineError):

@@ -23,7 +23,8 @@ from pipeline.errors import IntegrityStopped, PipelineError, StorageUnavailable
 from pipeline.placement import check_state_partitions, placement_partitions
 from pipeline.progress import ProgressLog
 from pipeline.reconstruct import NO_DATA_BATCHES, reconstruct
-from pipeline.sinks import OutputWriter, check_consistency
+from pipeline.recovery import check_consistency
+from pipeline.sinks import OutputWriter
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The stateful step in Spark: group Kafka records by session and run the policy's processor on each group.
 
-``reconstruct`` is a plain DataFrame -> DataFrame function. All the rules live in ``pipeline.state`` (pure,
-unit-tested); this module only moves data between Spark's pandas batches and envelopes, keeps each
+``reconstruct`` is a plain DataFrame -> DataFrame function. All the rules live in ``pipeline.processor`` and
+``pipeline.policies`` (pure, unit-tested); this module only moves data between Spark's pandas batches and envelopes, keeps each
 session's state as one binary column, and sets the processing-time timeout that closes quiet sessions.
 """
 
@@ -19,9 +19,10 @@ from pipeline.errors import PipelineError
 from pipeline.gcpause import gc_paused
 from pipeline.placement import slot
 from pipeline.policies import PolicyConfig
+from pipeline.processor import SessionProcessor
 from pipeline.records import BLOCK_DDL, Records, with_every_column
 from pipeline.sinks import STAGING, WRITTEN_DDL, write_records
-from pipeline.state import Envelope, SessionProcessor, SessionState
+from pipeline.state import Envelope, SessionState
 
 log = logging.getLogger(__name__)
 

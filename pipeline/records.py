@@ -13,6 +13,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from pipeline.integrity import IntegrityRecord
+
 # (name, Spark SQL type) in output order. The sink adds batch_id and processed_ms later.
 FIELDS: tuple[tuple[str, str], ...] = (
     ("record", "string"),
@@ -79,6 +81,9 @@ CHANGE_COLUMNS = (
     "op",
     "values",
 )
+ChangeHead = tuple[str, str, str, int, int, int, int]
+"""(sensor, session, topic, partition, offset, seq, event_ms): the leading ``CHANGE_COLUMNS`` of every change
+one message makes; a change record is this plus (row_id, op, values)."""
 
 
 _ARROW_TYPES = {"string": pa.string(), "int": pa.int32(), "bigint": pa.int64(), "binary": pa.binary()}
@@ -159,69 +164,28 @@ class Records:
         """Record a closed session (status, final table, what ``end`` said, counters); see the contract."""
         self.others.append({"record": "session", **fields})
 
-    def integrity(
-        self,
-        violation: str,
-        *,
-        sensor: str | None,
-        session: str | None,
-        topic: str,
-        partition: int,
-        offset: int,
-        event_ms: int | None,
-        seq: int | None = None,
-        expected_seq: int | None = None,
-        got_seq: int | None = None,
-        missing_from: int | None = None,
-        missing_to: int | None = None,
-        detail: str | None = None,
-    ) -> None:
+    def integrity(self, record: IntegrityRecord) -> None:
         """Record one detected violation, so the harness can match detected faults with injected ones."""
-        self.others.append(
-            {
-                "record": "integrity",
-                "violation": violation,
-                "sensor": sensor,
-                "session": session,
-                "topic": topic,
-                "partition": partition,
-                "offset": offset,
-                "event_ms": event_ms,
-                "seq": seq,
-                "expected_seq": expected_seq,
-                "got_seq": got_seq,
-                "missing_from": missing_from,
-                "missing_to": missing_to,
-                "detail": detail,
-            }
-        )
+        self.others.append(record.as_row())
 
-    def dead_letter(
-        self,
-        *,
-        sensor: str | None,
-        session: str | None,
-        topic: str,
-        partition: int,
-        offset: int,
-        event_ms: int | None,
-        key: bytes | None,
-        value: bytes | None,
-        detail: str,
-    ) -> None:
-        """Keep a malformed message's raw bytes and the reason, so nothing is dropped silently."""
+    def dead_letter(self, malformed: IntegrityRecord, key: bytes | None, value: bytes | None) -> None:
+        """Keep a malformed message's raw bytes beside what ``malformed`` says of it, so nothing is dropped silently.
+
+        A dead letter names the same sensor, session, position, Kafka timestamp and reason as the message's
+        ``malformed`` integrity record.
+        """
         self.others.append(
             {
                 "record": "dead_letter",
-                "sensor": sensor,
-                "session": session,
-                "topic": topic,
-                "partition": partition,
-                "offset": offset,
-                "event_ms": event_ms,
+                "sensor": malformed.sensor,
+                "session": malformed.session,
+                "topic": malformed.at.topic,
+                "partition": malformed.at.partition,
+                "offset": malformed.at.offset,
+                "event_ms": malformed.event_ms,
                 "key": key,
                 "value": value,
-                "detail": detail,
+                "detail": malformed.detail,
             }
         )
 

@@ -15,13 +15,12 @@ dead letters) from one stateful step, so ``OutputWriter`` does the same job by h
    grows all run long).
 
 Spark replays an uncommitted batch with the same offsets after a crash, so each batch lands exactly once
-whether the process died before, during or after the write. ``rollback`` takes an output back to an earlier
-batch, the way out when a restored checkpoint is refused. The stateful step writes each group's records
+whether the process died before, during or after the write. The stateful step writes each group's records
 to Parquet itself, into the batch's staging directory (``write_records``, called by
 ``pipeline.reconstruct.SessionFunction``), and hands Spark only the names of the files; the driver publishes
 the files of the task attempts that succeeded. No record goes through the JVM, and nothing is cached.
-``check_consistency`` refuses to start when the checkpoint and the output no longer describe the same
-history, rather than silently skipping or repeating batches.
+What is read of Spark's checkpoint is in ``pipeline.checkpoint``; the check before a query starts
+(``check_consistency``) and the way back to an earlier batch (``rollback``) in ``pipeline.recovery``.
 """
 
 from __future__ import annotations
@@ -29,7 +28,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import shutil
 import time
 from dataclasses import dataclass
@@ -37,7 +35,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from pipeline.delta import DeltaTables, StagedFile, is_table
+from pipeline.checkpoint import checkpoint_query_id, offset_changes, planned_offsets
+from pipeline.delta import DeltaTables, StagedFile
 from pipeline.errors import PipelineError
 
 log = logging.getLogger(__name__)
@@ -148,7 +147,8 @@ def _hive_segment(key: str, value: Any) -> str:
     return f"{key}={HIVE_NULL if value is None else quote(str(value), safe='')}"
 
 
-def _atomic_write_json(path: Path, payload: dict[str, Any]) -> None:
+def atomic_write_json(path: Path, payload: dict[str, Any]) -> None:
+    """Write ``payload`` as JSON to ``path`` so that a reader finds the old file or the whole new one."""
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(payload, indent=1, sort_keys=True))
     os.replace(tmp, path)
@@ -164,117 +164,6 @@ def committed_batches(output: Path) -> list[int]:
     if not folder.is_dir():
         return []
     return sorted(int(p.stem) for p in folder.glob("*.json") if p.stem.isdigit())
-
-
-def checkpoint_batches(checkpoint: Path) -> list[int]:
-    """Batch ids the Spark checkpoint has committed, ascending."""
-    folder = checkpoint / "commits"
-    if not folder.is_dir():
-        return []
-    return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit())
-
-
-def planned_offsets(checkpoint: Path, batch_id: int) -> list[Any] | None:
-    """The source offsets Spark's offset log recorded for ``batch_id`` (one entry per source), or None.
-
-    Spark writes ``offsets/<batch>`` (a version line, the batch's metadata, then one line per source with the
-    offsets the batch reads up to) before it runs the batch, so ``foreachBatch`` always finds its own entry.
-    """
-    path = checkpoint / "offsets" / str(batch_id)
-    try:
-        lines = path.read_text().splitlines()
-    except OSError:
-        return None
-    out: list[Any] = []
-    for line in lines[2:]:
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            out.append(line)  # "-" for a source without an offset yet, or a format we do not read
-    return out
-
-
-def _offset_changes(recorded: list[Any], planned: list[Any], most: int = 3) -> str:
-    """A short description of where two offset-log entries differ, for an error message."""
-    changes: list[str] = []
-    for old, new in zip(recorded, planned, strict=False):
-        if isinstance(old, dict) and isinstance(new, dict):
-            for topic in sorted(set(old) | set(new)):
-                before, after = old.get(topic, {}), new.get(topic, {})
-                if not (isinstance(before, dict) and isinstance(after, dict)):
-                    continue
-                for part in sorted(set(before) | set(after), key=str):
-                    if before.get(part) != after.get(part):
-                        changes.append(f"{topic}[{part}] {before.get(part, '-')} -> {after.get(part, '-')}")
-        elif old != new:
-            changes.append(f"{old} -> {new}")
-    if len(recorded) != len(planned):
-        changes.append(f"{len(recorded)} sources -> {len(planned)}")
-    shown = "; ".join(changes[:most])
-    return shown + (f" and {len(changes) - most} more" if len(changes) > most else "")
-
-
-def checkpoint_query_id(checkpoint: Path) -> str | None:
-    """The query id Spark recorded in ``checkpoint/metadata`` (None before the first start)."""
-    meta = checkpoint / "metadata"
-    if not meta.is_file():
-        return None
-    try:
-        return str(json.loads(meta.read_text().splitlines()[0])["id"])
-    except (ValueError, KeyError, IndexError) as exc:
-        raise PipelineError(f"checkpoint {checkpoint} is damaged: cannot read its metadata ({exc})") from None
-
-
-def check_consistency(output: Path, checkpoint: Path) -> None:
-    """Refuse to start if the checkpoint and the output disagree about what has been written.
-
-    The output may be at most one batch ahead of the checkpoint (the process died after the output's commit
-    marker and before Spark's own commit; that batch is replayed and skipped). Anything else means batches
-    would be silently skipped or repeated.
-    """
-    if (output / ROLLBACK).is_file():
-        target = json.loads((output / ROLLBACK).read_text()).get("to_batch")
-        raise PipelineError(
-            f"output {output} is in the middle of a rollback to batch {target} that did not finish: run "
-            f"`sotw pipeline rollback {output} --to-batch {target}` again to complete it"
-        )
-    ckpt_batches = checkpoint_batches(checkpoint)
-    owner = output / OWNER_FILE
-    query_id = checkpoint_query_id(checkpoint)
-    delta = any(is_table(output / name) for name in DATASETS)
-    out_batches = committed_batches(output)
-    if delta:
-        # A Delta table records the batches of the query that wrote them (its transaction identifier), and
-        # only those that wrote to it: the last one is a lower bound of what the output holds.
-        writer = json.loads(owner.read_text()).get("query_id") if owner.is_file() else query_id
-        last = DeltaTables(output, str(writer), PARTITIONS).last_batch()
-        out_batches = [last] if last >= 0 else []
-    if owner.is_file():
-        recorded = json.loads(owner.read_text()).get("query_id")
-        if query_id is None and out_batches:
-            raise PipelineError(
-                f"output {output} holds {len(out_batches)} batches written by query {recorded}, but checkpoint "
-                f"{checkpoint} is empty: restore the checkpoint or use a new output directory"
-            )
-        if query_id is not None and recorded != query_id:
-            raise PipelineError(
-                f"output {output} belongs to query {recorded}, but checkpoint {checkpoint} is query {query_id}: "
-                "they come from different runs; use matching directories"
-            )
-    elif out_batches:
-        raise PipelineError(f"output {output} has batches but no {OWNER_FILE}: it was not written by sotw")
-    last_out = out_batches[-1] if out_batches else -1
-    last_ckpt = ckpt_batches[-1] if ckpt_batches else -1
-    if last_out > last_ckpt + 1:
-        raise PipelineError(
-            f"output {output} has batches up to {last_out} but checkpoint {checkpoint} only up to {last_ckpt}: "
-            "the checkpoint is older than the output (restored or damaged); refusing to rewrite or skip batches"
-        )
-    if last_ckpt >= 0 and last_out < last_ckpt and not delta:
-        raise PipelineError(
-            f"checkpoint {checkpoint} has committed batches up to {last_ckpt} but output {output} only up to "
-            f"{last_out}: output was lost or deleted; refusing to continue with a hole in the output"
-        )
 
 
 def _read_marker(path: Path) -> dict[str, Any]:
@@ -367,7 +256,7 @@ class OutputWriter:
                 raise PipelineError(f"output {self.output} belongs to query {recorded}, not {query_id}")
         else:
             self.output.mkdir(parents=True, exist_ok=True)
-            _atomic_write_json(owner, {"query_id": query_id, "checkpoint": str(self.checkpoint.resolve())})
+            atomic_write_json(owner, {"query_id": query_id, "checkpoint": str(self.checkpoint.resolve())})
         if self.output_format == "delta":
             self._delta = DeltaTables(self.output, str(query_id), PARTITIONS)
         self._owner_checked = True
@@ -389,10 +278,11 @@ class OutputWriter:
             journal.unlink()
         elif not self._searched:
             # The first batch after a start is the only one that can be a replay, and an output written by a
-            # sotw from before the journal has none: search the datasets for the batch's files once.
+            # sotw from before the journal has none: search the datasets for the batch's files once. A batch
+            # replayed after its Delta commits has no journal either: its committed files are not leftovers.
             for dataset in DATASETS:
                 root = self.output / dataset
-                if root.is_dir():
+                if root.is_dir() and dataset not in keep:
                     for stale in root.rglob(f"b{batch_id}-*"):
                         stale.unlink()
         self._searched = True
@@ -410,7 +300,7 @@ class OutputWriter:
         if recorded != planned:
             raise PipelineError(
                 f"batch {batch_id} is already in the output {self.output}, but the checkpoint {self.checkpoint} "
-                f"now plans it over other offsets ({_offset_changes(recorded, planned)}): the checkpoint was "
+                f"now plans it over other offsets ({offset_changes(recorded, planned)}): the checkpoint was "
                 "restored from before that batch while new data arrived. Skipping the batch would silently lose "
                 "the records in between, and writing it again would repeat rows. Restore the checkpoint that "
                 f"belongs with this output, or take the output back with `sotw pipeline rollback {self.output} "
@@ -459,7 +349,7 @@ class OutputWriter:
         journal = self._journal(batch_id)
         if moves:
             journal.parent.mkdir(exist_ok=True)
-            _atomic_write_json(journal, {"files": [str(d.relative_to(self.output)) for _, d in moves]})
+            atomic_write_json(journal, {"files": [str(d.relative_to(self.output)) for _, d in moves]})
         for src, dest in moves:
             dest.parent.mkdir(parents=True, exist_ok=True)
             os.replace(src, dest)
@@ -467,7 +357,7 @@ class OutputWriter:
         committed_ms = int(time.time() * 1000)
         (self.output / COMMITS).mkdir(parents=True, exist_ok=True)
         rows = counts
-        _atomic_write_json(
+        atomic_write_json(
             marker,
             {
                 "batch_id": batch_id,
@@ -515,7 +405,7 @@ class OutputWriter:
         journal = self._journal(batch_id)
         if moved:
             journal.parent.mkdir(exist_ok=True)
-            _atomic_write_json(journal, {"files": [str(d.relative_to(self.output)) for d in moved]})
+            atomic_write_json(journal, {"files": [str(d.relative_to(self.output)) for d in moved]})
         for dataset, moves in files.items():
             for src, dest, _ in moves:
                 dest.parent.mkdir(parents=True, exist_ok=True)
@@ -537,67 +427,3 @@ class OutputWriter:
             return
         if not any((content.get("rows") or {}).values()):
             old.unlink(missing_ok=True)
-
-
-_BATCH_FILE = re.compile(r"^b(\d+)-")
-
-
-@dataclass(frozen=True)
-class RollbackResult:
-    """What ``rollback`` removed."""
-
-    batches: list[int]
-    files: int
-
-
-def rollback(output: Path, checkpoint: Path, to_batch: int) -> RollbackResult:
-    """Take ``output`` back to batch ``to_batch``: every later batch's marker and files are removed.
-
-    The way out when a restarted pipeline refuses to skip a batch the checkpoint now plans over other offsets
-    (a checkpoint restored from an older backup): after the rollback the batches after ``to_batch`` are
-    written again from the restored checkpoint. The pipeline must not be running. The target is written to
-    ``_rollback.json`` first and removed last, so an interrupted rollback is finished by running it again,
-    and the pipeline refuses to start on a half-rolled-back output.
-
-    Raises
-    ------
-    PipelineError
-        If the checkpoint has committed batches after ``to_batch`` (the output would have a hole).
-    """
-    if to_batch < -1:
-        raise PipelineError(f"--to-batch must be -1 (nothing) or a batch id, got {to_batch}")
-    last_ckpt = max(checkpoint_batches(checkpoint), default=-1)
-    if last_ckpt > to_batch:
-        raise PipelineError(
-            f"checkpoint {checkpoint} has committed batches up to {last_ckpt}: rolling the output back to "
-            f"{to_batch} would leave a hole; restore an older checkpoint first, or roll back to {last_ckpt}"
-        )
-    output.mkdir(parents=True, exist_ok=True)
-    _atomic_write_json(output / ROLLBACK, {"to_batch": to_batch})
-    dropped = [b for b in committed_batches(output) if b > to_batch]
-    for batch in sorted(dropped, reverse=True):
-        (output / COMMITS / f"{batch}.json").unlink(missing_ok=True)
-    files = 0
-    for dataset in DATASETS:
-        for folder, _, names in os.walk(output / dataset):
-            for name in names:
-                match = _BATCH_FILE.match(name)
-                if match and int(match.group(1)) > to_batch:
-                    os.unlink(os.path.join(folder, name))
-                    files += 1
-    for side in (STAGING, PUBLISHING):
-        for entry in (output / side).glob("*") if (output / side).is_dir() else []:
-            if entry.name.split(".")[0].isdigit() and int(entry.name.split(".")[0]) > to_batch:
-                if entry.is_dir():
-                    shutil.rmtree(entry)
-                else:
-                    entry.unlink()
-    (output / ROLLBACK).unlink()
-    log.info(
-        "output %s rolled back to batch %d: %d batches, %d files removed",
-        output,
-        to_batch,
-        len(dropped),
-        files,
-    )
-    return RollbackResult(sorted(dropped), files)

@@ -9,8 +9,9 @@ import pytest
 from deltalake import DeltaTable
 
 from pipeline import query
+from pipeline.checkpoint import checkpoint_batches
 from pipeline.delta import compact
-from pipeline.sinks import DATASETS, checkpoint_batches
+from pipeline.sinks import DATASETS
 from simulator import FaultConfig
 from sotw.kafka import topic_pattern
 from tests.pipeline.test_pipeline import canon, kill_mid_run_then_drain, pipeline_config, rows_of

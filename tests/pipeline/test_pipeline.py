@@ -272,7 +272,7 @@ def test_a_checkpoint_restored_one_batch_back_is_refused_then_rolled_back_withou
     spark, kafka, simulate, tmp_path
 ):
     from pipeline.errors import PipelineError
-    from pipeline.sinks import rollback
+    from pipeline.recovery import rollback
 
     _, config = simulate(sensors=3, rows=20, duration_s=1.5, partitions=1, seed=31)
     cfg = replace(

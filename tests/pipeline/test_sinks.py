@@ -5,9 +5,12 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
+from deltalake import DeltaTable
 
 from pipeline.errors import PipelineError
+from pipeline.integrity import IntegrityRecord, Position
 from pipeline.records import Records, with_every_column
+from pipeline.recovery import check_consistency, rollback
 from pipeline.sinks import (
     OWNER_FILE,
     PARTITIONS,
@@ -15,9 +18,7 @@ from pipeline.sinks import (
     STAGING,
     WRITTEN_DDL,
     OutputWriter,
-    check_consistency,
     committed_batches,
-    rollback,
     write_records,
 )
 
@@ -95,7 +96,7 @@ def test_records_are_written_where_hive_partitioning_reads_them_back_whatever_th
     for k, sensor in enumerate(sensors):
         records.change(sensor, f"s{k}", "t", 0, k, 1, day + k, 7, "upsert", '{"id":7}')
     records.change("sensor-0001", "s0", "t", 0, 9, 2, day + 86_400_000, 8, "delete", None)  # the next day
-    records.integrity("gap", sensor=None, session="s9", topic="t", partition=0, offset=3, event_ms=None)
+    records.integrity(IntegrityRecord("gap", None, "s9", Position("t", 0, 3)))
     table = with_every_column(records.to_arrow())
 
     written = write_records(table, str(tmp_path / "staging"), "p0-a0-g1.parquet", 4, day + 5)
@@ -194,6 +195,21 @@ def test_a_batch_replayed_after_its_marker_keeps_its_files_and_drops_the_journal
     published = sorted(p.name for p in (output / "changes").rglob("*.parquet"))
     assert published == ["b3-p0-t1-g1.parquet", "b3-p0-t1-g1.parquet"]
     assert not list((output / "_publishing").iterdir())
+
+
+def test_a_batch_replayed_after_its_delta_commits_keeps_the_files_its_tables_name(tmp_path, spark):
+    output = tmp_path / "output"
+    OutputWriter(output, tmp_path / "checkpoint", output_format="delta")(
+        _batch_staging_on_collect(spark, output / STAGING / "3", "1"), 3
+    )
+    # Killed after the tables committed batch 3 and before Spark did: a new process is given it again.
+    OutputWriter(output, tmp_path / "checkpoint", output_format="delta")(
+        _batch_staging_on_collect(spark, output / STAGING / "3", "2"), 3
+    )
+
+    published = sorted(p.name for p in (output / "changes").rglob("*.parquet"))
+    assert published == ["b3-p0-t1-g1.parquet", "b3-p0-t1-g1.parquet"]
+    assert len(DeltaTable(str(output / "changes")).to_pyarrow_table()) == 2
 
 
 def test_a_batch_naming_one_staging_file_twice_is_refused_before_anything_moves(tmp_path, spark):

@@ -15,7 +15,8 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
 from pipeline.errors import ConfigError
-from pipeline.offsets import (
+from pipeline.source import FORMAT, KafkaDataSource, SourceOptions, offsets_behind, read_ranges
+from pipeline.source.offsets import (
     Lag,
     OffsetRange,
     lag,
@@ -25,15 +26,8 @@ from pipeline.offsets import (
     parse_offset_spec,
     rate_limit,
 )
-from pipeline.source import (
-    ARROW_BATCH_ROWS,
-    FORMAT,
-    KafkaDataSource,
-    SourceOptions,
-    offsets_behind,
-    read_ranges,
-    reader_settings,
-)
+from pipeline.source.reading import reader_settings
+from pipeline.source.rows import ARROW_BATCH_ROWS
 from sotw.kafka import KafkaConfig, ensure_topics
 
 Produced = set[tuple[str, int, int, bytes]]
@@ -474,7 +468,7 @@ def frozen_broker() -> Any:
 
 @pytest.mark.system  # waits on a broker of its own, or on none
 def test_a_broker_that_does_not_answer_is_not_taken_for_deleted_data(frozen_broker) -> None:
-    from pipeline.source import GONE, UNKNOWN, SourceOptions, _partition_state
+    from pipeline.source.broker import GONE, UNKNOWN, partition_state
 
     kafka, freeze = frozen_broker
     topic = f"frozen-{uuid.uuid4().hex[:6]}"
@@ -482,38 +476,41 @@ def test_a_broker_that_does_not_answer_is_not_taken_for_deleted_data(frozen_brok
     produce(kafka, topic, 5)
     options = SourceOptions.from_options({"kafka.bootstrap.servers": kafka.bootstrap, "subscribe": topic})
     freeze(True)
-    assert _partition_state(options, (topic, 0), timeout=1.0) == UNKNOWN
+    assert partition_state(options, (topic, 0), timeout=1.0) == UNKNOWN
     freeze(False)
-    assert _partition_state(options, (topic, 0), timeout=10.0) == (0, 5)
-    assert _partition_state(options, (topic, 7), timeout=10.0) == GONE
+    assert partition_state(options, (topic, 0), timeout=10.0) == (0, 5)
+    assert partition_state(options, (topic, 7), timeout=10.0) == GONE
 
 
 @pytest.mark.system  # waits on a broker of its own, or on none
 def test_the_driver_waits_out_a_frozen_broker_instead_of_failing_the_query(
     frozen_broker, monkeypatch
 ) -> None:
-    import pipeline.source as source
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    from pipeline.source import broker
+    from pipeline.source.planning import KafkaStreamReader
     from sotw.errors import BrokerError
 
     kafka, freeze = frozen_broker
     topic = f"frozen-{uuid.uuid4().hex[:6]}"
     ensure_topics(kafka, {topic: 1})
     produce(kafka, topic, 5)
-    monkeypatch.setattr(source, "METADATA_TIMEOUT_S", 1.0)  # each look at the frozen broker gives up sooner
-    options = source.SourceOptions.from_options(
+    monkeypatch.setattr(broker, "METADATA_TIMEOUT_S", 1.0)  # each look at the frozen broker gives up sooner
+    options = SourceOptions.from_options(
         {
             "kafka.bootstrap.servers": kafka.bootstrap,
             "subscribe": topic,
             "kafkaConsumer.pollTimeoutMs": "5000",
         }
     )
-    reader = source.KafkaStreamReader(options)
+    reader = KafkaStreamReader(options)
     start = reader.initialOffset()
     freeze(True)
-    assert reader.latestOffset(start, source.ReadAllAvailable()) == start  # no new offsets, no failure
+    assert reader.latestOffset(start, ReadAllAvailable()) == start  # no new offsets, no failure
     time.sleep(4.5)
     with pytest.raises(BrokerError, match="has not answered for .* more than kafkaConsumer.pollTimeoutMs"):
-        reader.latestOffset(start, source.ReadAllAvailable())
+        reader.latestOffset(start, ReadAllAvailable())
     freeze(False)
     produce(kafka, topic, 3, start=5)
-    assert offsets_from_json(reader.latestOffset(start, source.ReadAllAvailable())) == {(topic, 0): 8}
+    assert offsets_from_json(reader.latestOffset(start, ReadAllAvailable())) == {(topic, 0): 8}

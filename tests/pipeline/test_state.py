@@ -10,9 +10,10 @@ import pyarrow as pa
 import pytest
 
 from pipeline.errors import ConfigError, IntegrityViolation
-from pipeline.policies import POLICIES, PolicyConfig
+from pipeline.policies import POLICIES, POLICY_CLASSES, Policy, PolicyConfig, policy_for
+from pipeline.processor import SessionProcessor
 from pipeline.records import ARROW_SCHEMA, CHANGE_COLUMNS, COLUMNS, Records, from_blocks
-from pipeline.state import POLICY_CLASSES, Envelope, Policy, SessionProcessor, SessionState, policy_for
+from pipeline.state import Envelope, SessionState
 from sotw.wire import encode_end, encode_snapshot, encode_update, table_digest
 
 SENSOR, SESSION, TOPIC = "sensor-7", "sess-1", "sotw-sensor-7"
@@ -159,7 +160,18 @@ def test_gap_in_strict_mode_stops_naming_sensor_session_position_and_seqs() -> N
     assert f"gap in session '{SESSION}' of sensor '{SENSOR}'" in message
     assert f"topic '{TOPIC}' partition 3 offset 103: expected seq 2, got seq 3" in message
     assert "last applied offset: 101" in message
-    assert (failure.value.expected_seq, failure.value.got_seq, failure.value.offset) == (2, 3, 103)
+    record = failure.value.record
+    assert (record.expected_seq, record.got_seq, record.at.offset) == (2, 3, 103)
+
+
+def test_a_strict_stop_survives_pickling_with_its_record_and_message() -> None:
+    import pickle
+
+    envs = envelopes(typical().values)
+    with pytest.raises(IntegrityViolation) as failure:
+        run("strict", pick(envs, 0, 1, 3))
+    copy = pickle.loads(pickle.dumps(failure.value))
+    assert (str(copy), copy.record, copy.last_offset) == (str(failure.value), failure.value.record, 101)
 
 
 def test_duplicate_in_strict_mode_stops_the_query() -> None:

@@ -1,11 +1,7 @@
-"""Integrity policies: which guarantee a run enforces on every session's stream, chosen per run.
+"""A run's integrity policy and its settings: which guarantee it enforces on every session's stream.
 
-Each policy is one class of stream integrity (see ``docs/pipeline.md``): ``strict`` (in order, nothing
-skipped: stop the query otherwise), ``ordered`` (in order, skips and repeats tolerated), ``once`` (any order,
-nothing skipped or repeated), ``window`` (out of order within a bounded lateness) and ``none`` (only counted).
-This module holds a run's choice and its settings; each policy's rules are one class in ``pipeline.state``
-(``Strict``, ``Ordered``, ``Once``, ``Window``, ``NoIntegrity``), which ``pipeline.state.policy_for`` picks
-from ``PolicyConfig.policy``.
+``PolicyConfig`` names one of ``POLICIES`` and carries the session timeout and the window's lateness; the
+rules of each policy are a class of their own beside this module (``pipeline.policies.policy_for`` picks it).
 """
 
 from __future__ import annotations

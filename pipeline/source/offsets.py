@@ -217,3 +217,20 @@ def lag(consumed: Mapping[TP, int], latest: Mapping[TP, int]) -> Lag | None:
         avgOffsetsBehindLatest=sum(behind) / len(behind),
         partitions=len(behind),
     )
+
+
+def offsets_behind(source_progress: Mapping[str, Any]) -> Lag | None:
+    """Lag of one trigger from a source's progress (``query.lastProgress["sources"][0]``).
+
+    PySpark (4.2, 4.3) does not let a Python source add ``metrics`` to its progress, so this source reports the
+    newest available offsets as the progress' ``latestOffset`` and the lag is computed from it and the
+    batch's ``endOffset`` here, exactly as Spark's Kafka source computes ``maxOffsetsBehindLatest``. It works
+    for Spark's own Kafka source too, whose progress has the same two fields. ``None`` when either is absent.
+    """
+    latest, consumed = source_progress.get("latestOffset"), source_progress.get("endOffset")
+    if not latest or not consumed:
+        return None
+    try:
+        return lag(offsets_from_json(consumed), offsets_from_json(latest))
+    except (ValueError, json.JSONDecodeError):
+        return None
