@@ -12,6 +12,7 @@ import zlib
 import numpy as np
 from faker import Faker
 
+from simulator import native
 from simulator.config import SimulatorConfig
 from simulator.ledger import Ledger
 from simulator.model import SensorInfo, SensorTable, TableStore, sensor_info, skew_weights
@@ -124,6 +125,7 @@ class Fleet:
         self.retired_ms: dict[str, int] = {}
         self._next = config.first_sensor
         self._weights: np.ndarray | None = None
+        self._cdf = np.ones(1)  # the weights' normalised cumulative sum (``pick``), made with them
 
     def join(self, now_ms: int) -> Sensor:
         """Add a sensor with the next id; its topic is ``<prefix><id>``."""
@@ -154,7 +156,21 @@ class Fleet:
         """Each active sensor's share of the rate (Zipf with ``skew``, in join order)."""
         if self._weights is None or len(self._weights) != len(self.active):
             self._weights = skew_weights(len(self.active), self.config.skew)
+            cdf = self._weights.cumsum()
+            cdf /= cdf[-1]
+            self._cdf = cdf
         return self._weights
+
+    def pick(self, uniforms: np.ndarray) -> np.ndarray:
+        """The active sensor (an index into ``active``) each uniform in [0, 1) picks, by ``weights``.
+
+        ``Generator.choice(len(active), size=n, p=weights())`` draws ``Generator.random(n)`` and looks each
+        up in the normalised cumulative weights, exactly as this does with the uniforms given: the same picks
+        from the same generator state, without its checks of ``p`` and its slow search on every block.
+        """
+        self.weights()
+        picks: np.ndarray = native.search_right(self._cdf, uniforms)
+        return picks
 
     def churn(self, span_s: float) -> tuple[int, list[Sensor]]:
         """Draw how many sensors join and which retire during ``span_s`` seconds of schedule."""

@@ -234,9 +234,8 @@ class Ledger:
         self.base = 0  # ledger row number of the first row in the open chunk
         self.lateness = Lateness()
         self.rows_written = 0
-        # Sealed chunks waiting for their reports: (base, rows, digests to be, offsets, acked: epoch ms or
-        # ``_WAITING``/``_FAILED``).
-        self._sealed: list[tuple[int, np.ndarray, list[bytearray | Values], np.ndarray, np.ndarray]] = []
+        # Sealed chunks waiting for their delivery reports, oldest first.
+        self._sealed: list[_Sealed] = []
         self._writer: pq.ParquetWriter | None = None
         self._file_rows = 0
         self._files = 0
@@ -397,21 +396,39 @@ class Ledger:
         return max(0, self.sent - self.reported)
 
     def seal(self) -> None:
-        """Close the open chunk (it is written once all its rows have delivery reports)."""
+        """Close the open chunk (it is written once all its rows have delivery reports).
+
+        Its pieces stay apart until the writer thread joins them: one array of a chunk's rows is a fresh
+        10 MB at full speed, whose copy and page faults cost the loop about 0.05 us a row. The loop reads only
+        what it needs of them: the lateness of on-schedule rows, and which rows were sent.
+        """
         self._flush_rows()
-        if not self._pieces:
+        pieces = self._pieces
+        if not pieces:
             return
-        chunk = self._pieces[0] if len(self._pieces) == 1 else np.concatenate(self._pieces)
-        sent, fault = chunk["sent"], chunk["fault"]
-        on_time = (sent >= 0) & (fault != DELAYED) & (fault != DUPLICATE)
-        if on_time.any():
-            self.lateness.add(sent[on_time] * 1000.0 - chunk["intended"][on_time])
-        n = len(chunk)
+        n = self._piece_rows
         if self._digest_rows != n:
             raise SimulatorError(f"ledger chunk has {n} rows but {self._digest_rows} digests")
+        late = []
+        for piece in pieces:
+            sent, fault = piece["sent"], piece["fault"]
+            on_time = (sent >= 0) & (fault != DELAYED) & (fault != DUPLICATE)
+            late.append(sent[on_time] * 1000.0 - piece["intended"][on_time])
+        lateness = late[0] if len(late) == 1 else np.concatenate(late)
+        if lateness.size:
+            self.lateness.add(lateness)
+        sent_rows = [piece["sent"] >= 0 for piece in pieces]
         digests = [*self._digests, self._ready] if self._ready else self._digests
         self._sealed.append(
-            (self.base, chunk, digests, np.full(n, -1, np.int64), np.full(n, _WAITING, np.int64))
+            _Sealed(
+                base=self.base,
+                rows=n,
+                pieces=pieces,
+                sent=sent_rows[0] if len(sent_rows) == 1 else np.concatenate(sent_rows),
+                digests=digests,
+                offsets=np.full(n, -1, np.int64),
+                acked=np.full(n, _WAITING, np.int64),
+            )
         )
         self.base += n
         self._new_chunk()
@@ -429,11 +446,11 @@ class Ledger:
         rows, offsets, acked = (np.concatenate([a[k] for a in acks]) for k in range(3))
         acks.clear()
         placed = np.zeros(len(rows), dtype=bool)
-        for base, chunk, _, off, ack in self._sealed:
-            inside = (rows >= base) & (rows < base + len(chunk))
+        for chunk in self._sealed:
+            inside = (rows >= chunk.base) & (rows < chunk.base + chunk.rows)
             if inside.any():
-                off[rows[inside] - base] = offsets[inside]
-                ack[rows[inside] - base] = acked[inside]
+                chunk.offsets[rows[inside] - chunk.base] = offsets[inside]
+                chunk.acked[rows[inside] - chunk.base] = acked[inside]
                 placed |= inside
         # Reports of rows not sealed yet (a block's reports can come back before its rows are added): kept for
         # the next drain. Rows before those (never expected) have no chunk left to go to.
@@ -441,19 +458,14 @@ class Ledger:
         if keep.any():
             acks.append((rows[keep], offsets[keep], acked[keep]))
 
-    @staticmethod
-    def _reported(chunk: np.ndarray, ack: np.ndarray) -> bool:
-        """Whether every sent row of a sealed chunk has its delivery report."""
-        return not np.count_nonzero((chunk["sent"] >= 0) & (ack == _WAITING))
-
     def write_ready(self, final: bool = False) -> None:
         """Write every sealed chunk whose rows all have delivery reports (all of them when ``final``)."""
         if not self._sealed:
             return
         self._drain()
-        while self._sealed and (final or self._reported(self._sealed[0][1], self._sealed[0][4])):
-            base, chunk, values, off, ack = self._sealed[0]
-            n = len(chunk)
+        while self._sealed and (final or self._sealed[0].reported()):
+            chunk = self._sealed[0]
+            base, n = chunk.base, chunk.rows
             errors: list[str | None] | None = None
             rows = [i for i in self.errors if base <= i < base + n]
             if rows or final:
@@ -463,7 +475,7 @@ class Ledger:
             # Arrow and Parquet work happens on the writer thread (much of it outside the GIL). ``put`` may
             # wait for it (the queue is bounded): the chunk leaves ``_sealed`` only once queued, so a Ctrl-C
             # while waiting loses nothing.
-            self._queue.put(_Work(chunk, values, off, ack, errors, final))
+            self._queue.put(_Work(chunk.pieces, chunk.digests, chunk.offsets, chunk.acked, errors, final))
             self._sealed.pop(0)
             for i in rows:
                 del self.errors[i]
@@ -515,7 +527,8 @@ class Ledger:
             self._writer = None
 
     def _to_table(self, work: _Work) -> pa.Table:
-        chunk, off, ack = work.chunk, work.offsets, work.acked
+        pieces, off, ack = work.pieces, work.offsets, work.acked
+        chunk = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
         n = len(chunk)
         # Sessions registered later only append to these lists, so a copy taken now covers the chunk.
         names, sensors = pa.array(self.session_names[:]), pa.array(self.session_sensor[:])
@@ -567,10 +580,33 @@ class Ledger:
 
 
 @dataclass
-class _Work:
-    """One sealed chunk with its delivery results, on its way to the writer thread."""
+class _Sealed:
+    """A sealed chunk of the ledger, waiting for its rows' delivery reports.
 
-    chunk: np.ndarray
+    ``pieces`` are its rows in order (``_CHUNK_DTYPE`` arrays), ``sent`` says which rows were sent,
+    ``digests`` are the rows' digests to be (``Values`` are hashed by the writer thread), and ``offsets``
+    and ``acked`` are filled from the reports: ``acked`` holds each report's epoch ms, or ``_WAITING`` until
+    one comes, or ``_FAILED``.
+    """
+
+    base: int
+    rows: int
+    pieces: list[np.ndarray]
+    sent: np.ndarray
+    digests: list[bytearray | Values]
+    offsets: np.ndarray
+    acked: np.ndarray
+
+    def reported(self) -> bool:
+        """Whether every sent row has its delivery report."""
+        return not np.count_nonzero(self.sent & (self.acked == _WAITING))
+
+
+@dataclass
+class _Work:
+    """One sealed chunk (its rows in pieces) with its delivery results, on its way to the writer thread."""
+
+    pieces: list[np.ndarray]
     digests: list[bytearray | Values]
     offsets: np.ndarray
     acked: np.ndarray

@@ -230,6 +230,29 @@ def _hash_values(text: Any, bounds: Any, digests: Any, ctx: Any) -> None:
 
 
 @jit
+def search_right(cdf: Any, u: Any) -> Any:
+    """``cdf.searchsorted(u, side="right")`` for a short nondecreasing ``cdf``: where each ``u`` falls.
+
+    numpy's searchsorted takes about 25 ns a key when the keys are not sorted (200 us for a block of 8,192
+    sensor picks over 24 sensors); this binary search gives the same index, the first ``i`` with
+    ``cdf[i] > u``, in a few.
+    """
+    out = np.empty(len(u), dtype=np.int64)
+    n = len(cdf)
+    for j in range(len(u)):
+        x = u[j]
+        lo, hi = 0, n
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            if cdf[mid] <= x:
+                lo = mid + 1
+            else:
+                hi = mid
+        out[j] = lo
+    return out
+
+
+@jit
 def update_run(
     table: Any,
     u_op: Any,

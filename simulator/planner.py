@@ -249,6 +249,7 @@ class Planner:
         """Compile the kernels (or load them from numba's cache) before the schedule starts."""
         self._encoder.warm_up()
         self.fleet.tables.warm_up()
+        self.fleet.pick(np.zeros(0))
 
     def faults_changed(self) -> None:
         """The fault rates changed: decide the next block's faults with the new ones."""
@@ -296,11 +297,7 @@ class Planner:
             fleet.retire(sensor, due_ms[0])
         joined = [fleet.join(due_ms[0]) for _ in range(joins)]
         active = list(fleet.active)
-        sensor_index = (
-            rng.choice(len(active), size=n, p=fleet.weights())
-            if len(active) > 1
-            else np.zeros(n, dtype=np.int64)
-        )
+        sensor_index = fleet.pick(rng.random(n)) if len(active) > 1 else np.zeros(n, dtype=np.int64)
         draws = rng.random((4, n))
         normals = rng.standard_normal(n)
         bands, abandon, delay_mean, delay_cap = self._fault_edges(active)

@@ -10,13 +10,18 @@ settings, and:
 - produces a run's messages in one compiled call (``produce_run``) straight from the buffer the encoder
   wrote them into, with topic handles made once per topic;
 - takes every delivery report in a compiled callback that writes three integers (the ledger row given when
-  the message was produced, the offset and the error code) into a log the simulator reads after each
-  ``poll`` (``take``): no Python runs per report.
+  the message was produced, the offset and the error code) into a log the simulator reads when it likes
+  (``take``): no Python runs per report;
+- has librdkafka's own background thread serve the reports (the client's main queue is forwarded to its
+  background queue), so the callback, and freeing each delivered message, run beside the simulator's loop
+  rather than in it: at full speed that was about a quarter of the loop thread's time per message, and a
+  loop that shares two cores with the broker publishes at the pace of its own thread.
 
-The log holds as many reports as the producer can have messages queued (``queue.buffering.max.messages``,
-24 bytes each: librdkafka itself keeps a few hundred bytes per queued message), and it is emptied before
-every call that serves reports, so no report can miss its place. Errors of the client (a broker down, say)
-are logged by librdkafka itself, on stderr: no Python runs inside librdkafka's calls.
+The callback and ``take`` share the log under a mutex. The log holds as many reports as the producer can
+have messages queued (``queue.buffering.max.messages``, 24 bytes each: librdkafka itself keeps a few hundred
+bytes per queued message) plus what may be produced between two readings (``produce_run`` reads it every
+``STASH_EVERY`` messages), so no report can miss its place. Errors of the client (a broker down, say) are
+logged by librdkafka itself, on stderr: no Python runs inside librdkafka's calls, on any thread.
 
 Where this path cannot load (``unavailable`` says why: another platform, a confluent-kafka build without
 librdkafka's symbols), ``simulator.client.ClientProducer`` does the same job through confluent-kafka's
@@ -27,6 +32,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -95,6 +101,10 @@ def _library() -> ctypes.CDLL:
         "rd_kafka_flush": (ctypes.c_int, [_P, ctypes.c_int]),
         "rd_kafka_purge": (ctypes.c_int, [_P, ctypes.c_int]),
         "rd_kafka_outq_len": (ctypes.c_int, [_P]),
+        "rd_kafka_queue_get_main": (_P, [_P]),
+        "rd_kafka_queue_get_background": (_P, [_P]),
+        "rd_kafka_queue_forward": (None, [_P, _P]),
+        "rd_kafka_queue_destroy": (None, [_P]),
     }
     try:
         for name, (restype, argtypes) in signatures.items():
@@ -106,7 +116,22 @@ def _library() -> ctypes.CDLL:
         ) from None
     for name in ("rd_kafka_produce", "rd_kafka_last_error"):
         binding.add_symbol(name, ctypes.cast(getattr(lib, name), ctypes.c_void_p).value)
+    threads = _threads()
+    for name in ("pthread_mutex_lock", "pthread_mutex_unlock"):
+        binding.add_symbol(name, ctypes.cast(getattr(threads, name), ctypes.c_void_p).value)
     return lib
+
+
+@functools.cache
+def _threads() -> ctypes.CDLL:
+    """The C library's POSIX mutex, which the report callback and ``take`` share the report log under."""
+    threads = ctypes.CDLL(None)  # the process's own symbols: libc (libpthread before glibc 2.34)
+    for name in ("pthread_mutex_init", "pthread_mutex_destroy", "pthread_mutex_lock", "pthread_mutex_unlock"):
+        getattr(threads, name).restype = ctypes.c_int
+    threads.pthread_mutex_init.argtypes = [_P, _P]
+    for name in ("pthread_mutex_destroy", "pthread_mutex_lock", "pthread_mutex_unlock"):
+        getattr(threads, name).argtypes = [_P]
+    return threads
 
 
 @functools.cache
@@ -129,29 +154,40 @@ _produce = types.ExternalFunction(
     ),
 )
 _last_error = types.ExternalFunction("rd_kafka_last_error", types.int32())
+_lock = types.ExternalFunction("pthread_mutex_lock", types.int32(types.voidptr))
+_unlock = types.ExternalFunction("pthread_mutex_unlock", types.int32(types.voidptr))
 
-# The report log's header: reports written, capacity, reports that found no room (never expected), and the
-# address of the (3, capacity) int64 log of row, offset and error code.
-_COUNT, _CAP, _LOST, _LOG = range(4)
+# The report log's header: reports written, capacity, reports that found no room (never expected), the
+# address of the (3, capacity) int64 log of row, offset and error code, and the address of its mutex.
+_COUNT, _CAP, _LOST, _LOG, _MUTEX = range(5)
+#: Room for a ``pthread_mutex_t`` (40 bytes with glibc, 64 on macOS).
+_MUTEX_BYTES = 128
+#: ``DirectProducer`` reads the report log at least every this many messages it produces, so that the log has
+#: room for every report however seldom its caller takes them (see ``DirectProducer._stash``).
+STASH_EVERY = 4096
 
 
 def _on_report(rk: Any, message: Any, opaque: Any) -> None:
     """The delivery report callback: append (row, offset, error) to the log ``opaque`` points to.
 
     ``rd_kafka_message_t``: ``err`` (int32) at byte 0, ``offset`` (int64) at 56, ``_private`` (the opaque
-    given to ``rd_kafka_produce``: the ledger row) at 64.
+    given to ``rd_kafka_produce``: the ledger row) at 64. It runs on librdkafka's background thread (or in
+    ``flush``, on the caller's), while the loop may be taking the log: both hold the log's mutex.
     """
-    head = carray(opaque, 4, dtype=np.int64)
+    head = carray(opaque, 5, dtype=np.int64)
+    mutex = ptr(head[_MUTEX])
+    _lock(mutex)
     n, cap = head[_COUNT], head[_CAP]
-    if n >= cap:
+    if n < cap:
+        fields = carray(message, 9, dtype=np.int64)
+        entries = carray(ptr(head[_LOG]), 3 * cap, dtype=np.int64)
+        entries[n] = fields[8]
+        entries[cap + n] = fields[7]
+        entries[2 * cap + n] = carray(message, 1, dtype=np.int32)[0]
+        head[_COUNT] = n + 1
+    else:
         head[_LOST] += 1
-        return
-    fields = carray(message, 9, dtype=np.int64)
-    entries = carray(ptr(head[_LOG]), 3 * cap, dtype=np.int64)
-    entries[n] = fields[8]
-    entries[cap + n] = fields[7]
-    entries[2 * cap + n] = carray(message, 1, dtype=np.int32)[0]
-    head[_COUNT] = n + 1
+    _unlock(mutex)
 
 
 @functools.cache
@@ -207,11 +243,33 @@ def _produce_run(
     return stop, 0
 
 
+@jit
+def _take_log(head: Any, log: Any) -> Any:
+    """The reports in the log, as a (3, n) array of rows, offsets and error codes; the log is left empty.
+
+    Under the log's mutex, which the report callback holds while it appends.
+    """
+    mutex = ptr(head[_MUTEX])
+    _lock(mutex)
+    n = head[_COUNT]
+    out = np.empty((3, n), dtype=np.int64)
+    for k in range(3):
+        out[k, :] = log[k, :n]
+    head[_COUNT] = 0
+    _unlock(mutex)
+    return out
+
+
 def _compile_kernel() -> None:
-    """Compile ``_produce_run`` (or load it from numba's cache) by running it on nothing."""
-    _library()  # first: the kernel links against the librdkafka symbols it registers
+    """Compile ``_produce_run`` and ``_take_log`` (or load them from numba's cache) by running them on nothing."""
+    _library()  # first: the kernels link against the librdkafka and mutex symbols it registers
     ints, buf = np.zeros(1, np.int64), np.zeros(1, np.uint8)
     _produce_run(ints, ints.astype(np.int32), buf, ints, buf, ints, ints, ints, np.zeros(1), 0, 0, 0.0)
+    mutex = np.zeros(_MUTEX_BYTES, dtype=np.uint8)
+    _threads().pthread_mutex_init(mutex.ctypes.data, None)
+    head = np.array([0, 1, 0, 0, mutex.ctypes.data], dtype=np.int64)
+    _take_log(head, np.zeros((3, 1), dtype=np.int64))
+    _threads().pthread_mutex_destroy(mutex.ctypes.data)
 
 
 @functools.cache
@@ -273,12 +331,17 @@ class DirectProducer:
         self._topics: dict[str, int] = {}
         self._taken: list[np.ndarray] = []
         self._errstr = ctypes.create_string_buffer(512)  # librdkafka's error text, when a call fails
-        # The report log and its header (``_configure`` sizes them from the queue's limit).
+        # The report log, its mutex and its header (``_configure`` sizes the log from the queue's limit).
         self._log = np.zeros((3, 0), dtype=np.int64)
-        self._head = np.zeros(4, dtype=np.int64)
-        # Compile the kernel (or load it from numba's cache) now, not in the run's first slice, and before
+        self._mutex = np.zeros(_MUTEX_BYTES, dtype=np.uint8)
+        self._head = np.zeros(5, dtype=np.int64)
+        self._produced = 0  # messages produced since the log was last read
+        # The client's main queue and its background queue, forwarded to it (0: the caller's ``poll`` serves).
+        self._main_queue = self._background_queue = 0
+        # Compile the kernels (or load them from numba's cache) now, not in the run's first slice, and before
         # there is a client to leak if that fails.
         _compile_kernel()
+        _threads().pthread_mutex_init(self._mutex.ctypes.data, None)
         conf = lib.rd_kafka_conf_new()
         try:
             self._configure(conf, settings)
@@ -292,6 +355,20 @@ class DirectProducer:
             lib.rd_kafka_conf_destroy(conf)
             raise SimulatorError(f"bad producer settings: {self._errstr.value.decode(errors='replace')}")
         self._rk = rk
+        self._serve_in_background()
+
+    def _serve_in_background(self) -> None:
+        """Have librdkafka's background thread serve the reports: forward the main queue to its queue.
+
+        That thread then calls the report callback and frees each delivered message, as ``rd_kafka_poll``
+        would on the caller's thread; ops that are not reports are served as ``poll`` serves them. Where the
+        thread cannot be started, ``poll`` serves the main queue on the caller's thread, as before.
+        """
+        lib = self._lib
+        self._main_queue = lib.rd_kafka_queue_get_main(self._rk) or 0
+        self._background_queue = lib.rd_kafka_queue_get_background(self._rk) or 0
+        if self._main_queue and self._background_queue:
+            lib.rd_kafka_queue_forward(self._main_queue, self._background_queue)
 
     def _configure(self, conf: int, settings: Mapping[str, Any]) -> None:
         lib, errstr = self._lib, self._errstr
@@ -312,9 +389,10 @@ class DirectProducer:
                 f"simulator (its delivery report log is sized from it), not {limit}"
             )
         check_ledger_settings(get)
-        cap = limit + 1024
+        # Every queued message's report, and those of the messages produced before the log is next read.
+        cap = limit + 2 * STASH_EVERY + 1024
         self._log = np.zeros((3, cap), dtype=np.int64)
-        self._head = np.array([0, cap, 0, self._log.ctypes.data], dtype=np.int64)
+        self._head = np.array([0, cap, 0, self._log.ctypes.data, self._mutex.ctypes.data], dtype=np.int64)
         lib.rd_kafka_conf_set_dr_msg_cb(conf, _report_callback().address)
         lib.rd_kafka_conf_set_opaque(conf, self._head.ctypes.data)
         # No error callback: librdkafka then logs client errors itself (``%3|...|ERROR|...`` on stderr). A
@@ -325,6 +403,11 @@ class DirectProducer:
         if not self._rk:
             raise SimulatorError("the producer is closed")
         return self._rk
+
+    @property
+    def serves_in_background(self) -> bool:
+        """Whether librdkafka's background thread serves the reports (else ``poll`` does)."""
+        return bool(self._background_queue)
 
     def topic(self, name: str) -> int:
         """The handle of a topic (made on first use), for ``produce`` and ``produce_run``."""
@@ -341,8 +424,11 @@ class DirectProducer:
     def produce(self, topic: int, partition: int, value: bytes, key: bytes, row: int) -> int:
         """Queue one message; return 0, or librdkafka's error code (``QUEUE_FULL``: poll and try again)."""
         self._handle()
+        if self._produced >= STASH_EVERY:
+            self._stash()
         lib = self._lib
         if lib.rd_kafka_produce(topic, partition, _MSG_F_COPY, value, len(value), key, len(key), row) == 0:
+            self._produced += 1
             return 0
         return int(lib.rd_kafka_last_error())
 
@@ -352,22 +438,36 @@ class DirectProducer:
         """Queue messages ``start:stop`` of a run; return where it stopped and librdkafka's error there (0: none).
 
         ``arrays`` are ``_produce_run``'s, per message: topic handles, partitions, text, bounds, keys, key
-        bounds, key index, ledger row, and the stamps it sets to ``stamp`` for each message queued.
+        bounds, key index, ledger row, and the stamps it sets to ``stamp`` for each message queued. It may
+        stop early without an error (at most ``STASH_EVERY`` messages a call): call it again from there.
         """
         self._handle()
-        done, err = _produce_run(*arrays, start, stop, stamp)
+        if self._produced >= STASH_EVERY:
+            self._stash()
+        done, err = _produce_run(*arrays, start, min(stop, start + STASH_EVERY), stamp)
+        self._produced += done - start
         return int(done), int(err)
 
     def poll(self, timeout_s: float = 0.0) -> None:
-        """Serve delivery reports (into the log) and client errors; wait up to ``timeout_s`` for some."""
+        """Serve delivery reports (into the log) and client errors; wait up to ``timeout_s`` for some.
+
+        With the background thread serving, reports arrive by themselves: this only waits, until some are
+        in the log or the time is up.
+        """
         rk = self._handle()
-        self._stash()
-        self._lib.rd_kafka_poll(rk, int(timeout_s * 1000))
+        if not self._background_queue:
+            self._stash()
+            self._lib.rd_kafka_poll(rk, int(timeout_s * 1000))
+            return
+        deadline = time.monotonic() + timeout_s
+        while not self._head[_COUNT] and (left := deadline - time.monotonic()) > 0:
+            time.sleep(min(left, 0.001))
 
     def flush(self, timeout_s: float) -> int:
         """Wait up to ``timeout_s`` for every queued message to be reported; return how many are left."""
         rk = self._handle()
         self._stash()
+        # Expedites the last batches (linger.ms no longer waited for) and serves reports on this thread too.
         self._lib.rd_kafka_flush(rk, int(timeout_s * 1000))
         return len(self)
 
@@ -393,14 +493,20 @@ class DirectProducer:
         return out[0], out[1], out[2]
 
     def _stash(self) -> None:
-        """Empty the log before librdkafka may write to it: it has room for every queued message's report."""
+        """Move the log's reports aside, leaving it empty: it has room for every report up to the next read.
+
+        The log holds what the queue may hold plus ``2 * STASH_EVERY``: after a read, the reports to come are
+        those of the messages queued then and of those produced since, and produce calls read it again once
+        ``STASH_EVERY`` were produced.
+        """
         head = self._head
         if head[_LOST]:  # cannot happen while the queue's limit sizes the log; said loudly if it ever does
             raise SimulatorError(f"{head[_LOST]} delivery reports found the report log full")
-        n = int(head[_COUNT])
-        if n:
-            self._taken.append(self._log[:, :n].copy())
-            head[_COUNT] = 0
+        self._produced = 0
+        if head[_COUNT]:  # a hint read without the mutex: ``_take_log`` reads it again under it
+            taken = _take_log(head, self._log)
+            if taken.shape[1]:
+                self._taken.append(taken)
 
     def close(self) -> None:
         """Destroy the client (what is still queued is dropped: flush first). Safe to call twice."""
@@ -408,6 +514,20 @@ class DirectProducer:
         topics, self._topics = self._topics, {}
         if not rk:
             return
+        lib = self._lib
+        main, background, self._main_queue, self._background_queue = (
+            self._main_queue,
+            self._background_queue,
+            0,
+            0,
+        )
+        if main and background:
+            lib.rd_kafka_queue_forward(main, None)
+        for queue in (main, background):
+            if queue:  # librdkafka asks that no queue handle outlives the client
+                lib.rd_kafka_queue_destroy(queue)
         for handle in topics.values():
-            self._lib.rd_kafka_topic_destroy(handle)
-        self._lib.rd_kafka_destroy(rk)
+            lib.rd_kafka_topic_destroy(handle)
+        # Joins the background thread: no callback writes to the log after this.
+        lib.rd_kafka_destroy(rk)
+        _threads().pthread_mutex_destroy(self._mutex.ctypes.data)

@@ -171,7 +171,12 @@ def canonical_row(row: Row) -> str:
 def table_digest(rows: Iterable[Row]) -> str:
     """Hex SHA-256 of the canonical table: rows sorted by ``id``, canonical JSON each, joined by newlines."""
     ordered = sorted(rows, key=lambda r: int(r["id"]))
-    return hashlib.sha256("\n".join(canonical_row(r) for r in ordered).encode("utf-8")).hexdigest()
+    return canonical_digest(canonical_row(r) for r in ordered)
+
+
+def canonical_digest(texts: Iterable[str]) -> str:
+    """``table_digest`` of rows already in canonical form (``canonical_row``), in ``id`` order."""
+    return hashlib.sha256("\n".join(texts).encode("utf-8")).hexdigest()
 
 
 def _is_int(value: Any) -> bool:

@@ -160,3 +160,31 @@ def test_a_ctrl_c_while_the_broker_is_down_interrupts_the_producer_every_time():
     finally:
         producer.close()
     assert interrupted == 5
+
+
+def test_reports_reach_the_log_without_polling_and_none_is_lost_however_seldom_they_are_taken(
+    kafka, unique_prefix
+):
+    # librdkafka's background thread serves the reports. A 64-message queue frees up only as reports are
+    # written to the log; 20,000 messages produced without a single take overrun a log sized from the queue
+    # unless produce calls read it on the way (every STASH_EVERY messages).
+    topic = f"{unique_prefix()}0001"
+    ensure_topics(kafka, {topic: 2})
+    producer = DirectProducer(kafka.client(**{"queue.buffering.max.messages": "64", "linger.ms": "1"}))
+    try:
+        assert producer.serves_in_background
+        handle, produced = producer.topic(topic), 0
+        deadline = time.monotonic() + 60
+        while produced < 20_000 and time.monotonic() < deadline:
+            err = producer.produce(handle, produced % 2, b"v%d" % produced, b"k", produced)
+            if err == 0:
+                produced += 1
+            else:
+                time.sleep(0.0005)  # not poll: nothing on this thread serves the reports
+        assert produced == 20_000
+        assert producer.flush(30) == 0
+        rows, offsets, codes = producer.take()
+    finally:
+        producer.close()
+    assert sorted(rows.tolist()) == list(range(20_000))
+    assert not codes.any() and (offsets >= 0).all()
