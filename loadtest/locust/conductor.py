@@ -17,6 +17,10 @@ greenlet, and none of Locust's events waits in its listeners (``test_start`` ask
 returns; after Stop the verification goes on in a greenlet while Locust's runner is already STOPPED, and
 ``RunView.progress`` says how far it is). A Start while the last run is still being verified is refused
 (``start_refusal``): the verdict of a run comes before the next run's load.
+
+It stays one module over 500 lines: ``Conductor`` is one object driven by Locust's events and the harness's,
+whose handlers share its state (the run under way, the parts, the greenlets that wait); split by handler, each
+part would reach back into that state.
 """
 
 from __future__ import annotations
@@ -26,21 +30,22 @@ import logging
 import time
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import gevent
-from gevent.event import AsyncResult, Event
+from gevent.event import AsyncResult
 from locust.runners import STATE_RUNNING, STATE_SPAWNING
 
 from loadtest.correctness.liveverify import fault_rows
 from loadtest.errors import HarnessError
 from loadtest.gameday.incidents import incident_from_mapping
 from loadtest.locust.driver import ProcessSide
-from loadtest.locust.fleetplan import LiveConfig, load_of, part_config, users_for
-from loadtest.locust.headless import EXIT_CODE, Gates, add_to_html, write_csvs
+from loadtest.locust.fleetplan import load_of, part_config, users_for
+from loadtest.locust.headless import EXIT_CODE, add_to_html, write_csvs
 from loadtest.locust.lines import Child, plain
+from loadtest.locust.runview import Part, RunView
+from loadtest.locust.settings import LocustSettings
 from loadtest.locust.shapes import Shape
 from loadtest.reports.results import Results
 from loadtest.run.controls import AddSensors, Control, SetFaults, SetLoad, from_wire, to_wire
@@ -56,8 +61,6 @@ ASSIGN, CONTROL, STOP, STOPPED, STATS = (
     "sotw:stopped",
     "sotw:stats",
 )
-#: Samples kept for the web UI (five minutes).
-SAMPLES_KEPT = 300
 #: A simulator whose last report is this much older than the newest is left out of the counters' clock.
 STALE_REPORT_S = 3.0
 #: Counters that add up over the processes' simulators.
@@ -72,101 +75,6 @@ _SUMMED = (
     "sessions",
     "backpressure_waits",
 )
-
-
-@dataclass(frozen=True)
-class LocustSettings:
-    """The sotw options of a Locust run, typed (``loadtest/locust/locustfile.py`` builds them from Locust's parser).
-
-    Parameters
-    ----------
-    live
-        The harness's configuration (profile, broker, pipeline, session directory).
-    shape
-        The load shape's name, or None for users set by hand in the UI (or with ``-u``/``-r``).
-    load, stage_s
-        The shape's level and stage length (``loadtest.locust.shapes.make_shape``).
-    users_per_x
-        Users that make the profile's 1x load.
-    gates
-        Thresholds for the exit code.
-    headless
-        Locust runs without its web UI: the end of a run waits for the verdict.
-    csv_prefix, html_file
-        Locust's ``--csv`` and ``--html``: sotw's figures are written beside Locust's.
-    command
-        The command line, for the report.
-    """
-
-    live: LiveConfig
-    shape: str | None = None
-    load: float | None = None
-    stage_s: float | None = None
-    users_per_x: float = 10.0
-    gates: Gates = field(default_factory=Gates)
-    headless: bool = False
-    csv_prefix: str | None = None
-    html_file: str | None = None
-    command: str = ""
-
-
-@dataclass
-class Part:
-    """One process's simulator, as the master knows it."""
-
-    name: str
-    client_id: str | None  # None: this process
-    stats: dict[str, Any] = field(default_factory=dict)
-    faults: dict[str, Any] = field(default_factory=dict)
-    users: int = 0
-    stopped: Event = field(default_factory=Event)
-
-
-@dataclass
-class RunView:
-    """What the UI shows of the current (or last) run."""
-
-    index: int
-    run_dir: str
-    prefix: str
-    started_ms: int
-    phase: str = "warmup"
-    steady_started: float | None = None  # monotonic
-    samples: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=SAMPLES_KEPT))
-    topics: list[dict[str, Any]] = field(default_factory=list)
-    correctness: dict[str, Any] = field(default_factory=dict)
-    latency: list[dict[str, Any]] = field(default_factory=list)
-    messages: deque[str] = field(default_factory=lambda: deque(maxlen=50))
-    finishing: bool = False
-    finished: Event = field(default_factory=Event)
-    verdict: dict[str, Any] = field(default_factory=dict)
-    gate_failures: list[str] = field(default_factory=list)
-    stopped_ms: int | None = None  # when Locust stopped the run: its verification begins
-    # The verification's step after the stop, as the conductor and the harness report it.
-    progress: dict[str, Any] = field(default_factory=dict)
-    error: str | None = None  # why the verification ended without a verdict
-
-    def note_progress(self, step: str, detail: str, **fields: Any) -> None:
-        """The verification after the stop is at ``step`` (``detail`` says what it does there, in words)."""
-        self.progress = {"step": step, "detail": detail, "at_ms": int(time.time() * 1000), **fields}
-
-    def verification(self) -> dict[str, Any]:
-        """What the UI shows of the verification after the stop: its state, step, detail and timing."""
-        if self.stopped_ms is None:
-            state = "not stopped"
-        elif self.error is not None:
-            state = "failed"
-        elif self.verdict.get("verdict"):
-            state = "done"
-        else:
-            state = "running"
-        now = int(time.time() * 1000)
-        return {
-            "state": state,
-            **self.progress,
-            "since_stop_s": (now - self.stopped_ms) / 1000.0 if self.stopped_ms is not None else None,
-            "error": self.error,
-        }
 
 
 class Conductor:

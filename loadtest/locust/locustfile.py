@@ -36,10 +36,11 @@ import locust.runners
 from locust import LoadTestShape, User, constant, events, task
 from locust.runners import LocalRunner, MasterRunner, WorkerRunner
 
-from loadtest.locust.conductor import ASSIGN, CONTROL, STATS, STOP, STOPPED, Conductor, LocustSettings
+from loadtest.locust.conductor import ASSIGN, CONTROL, STATS, STOP, STOPPED, Conductor
 from loadtest.locust.driver import ProcessSide, count_aggregated
 from loadtest.locust.fleetplan import USERS_PER_X, LiveConfig, users_for
 from loadtest.locust.headless import Gates
+from loadtest.locust.settings import LocustSettings
 from loadtest.locust.shapes import SHAPES, make_shape
 from loadtest.locust.webui import install
 from loadtest.run.controls import from_wire

@@ -28,6 +28,7 @@ from loadtest.correctness.latency import end_to_end_of, latency_summary
 from loadtest.correctness.outputspec import OutputSpec
 from loadtest.gameday.incidents import IncidentRecord
 from loadtest.gameday.recovery import Stop, Window, measure
+from loadtest.measure.resources import COMPONENTS, harness_overhead, per_second, resources
 from loadtest.reports.results import (
     SCHEMA_VERSION,
     Correctness,
@@ -35,7 +36,6 @@ from loadtest.reports.results import (
     IncidentResult,
     LatencySummary,
     Phase,
-    ResourceUsage,
     Results,
     RunInfo,
     Series,
@@ -44,7 +44,6 @@ from loadtest.reports.results import (
 from loadtest.run.profile import Profile
 from pipeline.progress import input_messages
 
-COMPONENTS = ("broker", "pipeline", "harness")
 THREAD_GROUPS = ("simulator", "sampler", "other")
 STEADY = "steady"
 BATCH_STEP = "time per batch: "
@@ -275,79 +274,6 @@ def series(df: pd.DataFrame, t0_s: float) -> tuple[list[Series], list[Series], l
     return throughput, lag, resource_series
 
 
-def resources(steady: pd.DataFrame) -> list[ResourceUsage]:
-    """CPU and memory of each component over the steady phase."""
-    out = []
-    for c in COMPONENTS:
-        cpu, rss = f"cpu_{c}", f"rss_mb_{c}"
-        if cpu not in steady or steady.empty:
-            continue
-        out.append(
-            ResourceUsage(
-                c,
-                float(steady[cpu].mean()),
-                float(steady[cpu].max()),
-                float(steady[rss].mean()),
-                float(steady[rss].max()),
-            )
-        )
-    return out
-
-
-#: Counters a Locust run's simulators report a hop or two late, with the time they were read (``counters_ts``).
-RELAYED_COUNTERS = frozenset({"planned", "sent", "acked", "failed"})
-
-
-def _span(steady: pd.DataFrame, column: str) -> tuple[float, float]:
-    """(increase of a cumulative column, seconds) between the first and last steady samples.
-
-    A relayed counter is timed by when it was read, not when the sample was taken: a reading one report late at
-    either end of a 10 s phase would move the rate by a tenth.
-    """
-    if column not in steady or len(steady) < 2:
-        return math.nan, math.nan
-    values = steady[column].ffill()
-    clock = steady["ts"]
-    if column in RELAYED_COUNTERS and "counters_ts" in steady and steady["counters_ts"].notna().all():
-        read = steady["counters_ts"].astype(float)
-        if read.iloc[-1] > read.iloc[0]:  # no new reading during the phase: the sample times are all there is
-            clock = read
-    return (
-        float(values.iloc[-1] - values.iloc[0]),
-        float(clock.iloc[-1] - clock.iloc[0]),
-    )
-
-
-def _per_second(steady: pd.DataFrame, column: str) -> float:
-    gained, seconds = _span(steady, column)
-    return gained / seconds if seconds > 0 else math.nan
-
-
-def harness_overhead(steady: pd.DataFrame, verify_cpu_s: float) -> dict[str, float]:
-    """The harness process's own CPU over the steady phase, in % of one core, by part.
-
-    ``simulator`` is the simulator's threads (its loop, ledger writer and producer's librdkafka threads),
-    ``sampler`` the sampler thread with its probes' Kafka clients, ``other`` the rest (the main loop);
-    ``harness`` is everything but the simulator. ``probe_*`` split the sampler thread's own time by probe.
-    The verifier runs after the load: its CPU is in seconds.
-    """
-    out: dict[str, float] = {}
-    _, seconds = _span(steady, "threads_cpu_s_process")
-    if seconds > 0:
-        out["steady_s"] = seconds
-        for column in steady.columns:
-            if column.startswith(("threads_cpu_s_", "probe_cpu_s_")):
-                name = column.removeprefix("threads_cpu_s_").removeprefix("probe_cpu_s_")
-                key = f"probe_{name}" if column.startswith("probe_") else name
-                out[f"{key}_cpu_percent"] = 100.0 * _per_second(steady, column)
-        out["harness_cpu_percent"] = out.get("process_cpu_percent", math.nan) - out.get(
-            "simulator_cpu_percent", math.nan
-        )
-    out["verifier_cpu_s"] = verify_cpu_s
-    out["samples"] = float(len(steady))
-    return out
-
-
 # ------------------------------------------------------------------------------------------ latency
 
 
@@ -427,10 +353,10 @@ def headline(outcome: Outcome, steady: pd.DataFrame, latency: list[LatencySummar
 
     figures = [
         Figure("target_rate", STEADY, outcome.target_rate, "msg/s"),
-        Figure("produced_rate", STEADY, _per_second(steady, "sent"), "msg/s"),
-        Figure("acked_rate", STEADY, _per_second(steady, "acked"), "msg/s"),
-        Figure("consumed_rate", STEADY, _per_second(steady, "consumed"), "msg/s"),
-        Figure("written_rate", STEADY, _per_second(steady, "written_changes"), "rows/s"),
+        Figure("produced_rate", STEADY, per_second(steady, "sent"), "msg/s"),
+        Figure("acked_rate", STEADY, per_second(steady, "acked"), "msg/s"),
+        Figure("consumed_rate", STEADY, per_second(steady, "consumed"), "msg/s"),
+        Figure("written_rate", STEADY, per_second(steady, "written_changes"), "rows/s"),
         Figure("lag_age_p95", STEADY, quantile("lag_age_s", 0.95), "s"),
         Figure("lag_age_max", STEADY, quantile("lag_age_s", 1.0), "s"),
         Figure("lag_offsets_max", STEADY, quantile("lag_offsets", 1.0), "offsets"),

@@ -11,9 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from loadtest.regressions.history import (
-    BenchmarkRun,
-    Metric,
+from loadtest.regressions.history import BenchmarkRun, Metric
+from loadtest.regressions.metrics import (
     metrics_from_pipeline_vs_bare,
     metrics_from_pytest_benchmark,
     metrics_from_results,

@@ -14,15 +14,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from loadtest.errors import HarnessError
-from loadtest.regressions.history import (
-    HISTORY_SCHEMA,
-    Entry,
-    Metric,
-    Thresholds,
-    compare,
-    comparison_rows,
-    metrics_from_results,
-)
+from loadtest.regressions.history import HISTORY_SCHEMA, Entry, Metric, Thresholds, compare, comparison_rows
+from loadtest.regressions.metrics import metrics_from_results
 from loadtest.reports.results import Results
 
 

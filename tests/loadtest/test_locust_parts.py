@@ -17,10 +17,12 @@ from locust import User, constant, events, task
 from locust.env import Environment
 
 from loadtest.errors import HarnessError
-from loadtest.locust.conductor import Conductor, LocustSettings, RunView
+from loadtest.locust.conductor import Conductor
 from loadtest.locust.driver import ACK_NAME, REQUEST_TYPE, count_aggregated, fire_acks
 from loadtest.locust.fleetplan import LiveConfig, part_config, process_factor, users_for
 from loadtest.locust.locustfile import SensorLoad, cache_locust_defaults
+from loadtest.locust.runview import RunView
+from loadtest.locust.settings import LocustSettings
 from loadtest.locust.shapes import make_shape
 from loadtest.locust.webui import correctness_rows, install
 from loadtest.run.profile import load_profile
