@@ -16,7 +16,7 @@ from loadtest.correctness.expect import (
     SessionExpectation,
 )
 from loadtest.correctness.output import PipelineOutput
-from loadtest.correctness.replays import SESSION_LEVEL, Event
+from loadtest.correctness.policies import SESSION_LEVEL, Event
 from loadtest.correctness.values import check_changes, sent_messages
 from loadtest.reports.results import DamageWindow, Discrepancy, FaultScore
 from sotw.wire import table_digest

@@ -30,8 +30,9 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 
 from loadtest.correctness.checks import FAULT_OF_VIOLATION
-from loadtest.correctness.expect import Policy, build_expectation, simulator_dirs
+from loadtest.correctness.expect import build_expectation, simulator_dirs
 from loadtest.correctness.output import PipelineOutput
+from loadtest.correctness.policies import Policy
 from loadtest.correctness.triage import Triager
 from loadtest.correctness.verify import verify
 from loadtest.reports.results import Correctness

@@ -28,15 +28,10 @@ from loadtest.correctness.checks import (
     score_faults,
 )
 from loadtest.correctness.contracts import verify_tables
-from loadtest.correctness.expect import (
-    Expectation,
-    Policy,
-    build_expectation,
-    read_ledger,
-    read_truth,
-)
+from loadtest.correctness.expect import Expectation, build_expectation, read_ledger, read_truth
 from loadtest.correctness.output import PipelineOutput, read_output
 from loadtest.correctness.outputspec import COMMIT_SOURCES, OutputSpec
+from loadtest.correctness.policies import Policy
 from loadtest.correctness.tables import read_tables, read_truth_tables
 from loadtest.correctness.triage import Triager
 from loadtest.correctness.values import read_snapshots

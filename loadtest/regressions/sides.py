@@ -9,8 +9,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from loadtest.regressions.config import NightlyConfig
 from loadtest.regressions.history import BenchmarkRun, Metric
 from loadtest.regressions.metrics import (
     metrics_from_pipeline_vs_bare,
@@ -21,10 +21,6 @@ from loadtest.regressions.metrics import (
 from loadtest.regressions.paired import PairedJudgement, judge_pair
 from loadtest.regressions.sidebyside import BASELINE, CANDIDATE, Side
 from loadtest.reports.results import Results
-
-if TYPE_CHECKING:
-    from loadtest.regressions.nightly import NightlyConfig
-
 
 QUICK_DRILL = """[drill]
 description = "kill -9 of the pipeline on the smoke profile, restarted 3 s later (the quick nightly's drill)"

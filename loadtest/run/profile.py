@@ -34,7 +34,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from loadtest.correctness.expect import Policy
+from loadtest.correctness.policies import Policy
 from loadtest.errors import HarnessError
 from loadtest.gameday.incidents import Incident, incident_from_mapping
 from pipeline.config import SOURCES, parse_trigger

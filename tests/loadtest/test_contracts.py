@@ -12,10 +12,11 @@ import pytest
 from deltalake import CommitProperties, Transaction, write_deltalake
 
 from loadtest.correctness.contracts import tables_end_to_end
-from loadtest.correctness.expect import Policy, read_ledger, read_truth
+from loadtest.correctness.expect import read_ledger, read_truth
 from loadtest.correctness.latency import end_to_end_of
 from loadtest.correctness.output import read_output
 from loadtest.correctness.outputspec import OutputSpec
+from loadtest.correctness.policies import Policy
 from loadtest.correctness.tables import read_tables
 from loadtest.correctness.verify import verify_run
 from loadtest.errors import HarnessError

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from loadtest.correctness.expect import Policy
+from loadtest.correctness.policies import Policy
 from loadtest.correctness.verify import verify_run
 from loadtest.measure.figures import Outcome, results
 from loadtest.reports.display import key_numbers

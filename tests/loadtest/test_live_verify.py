@@ -5,9 +5,10 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from loadtest.correctness.expect import Policy, build_expectation, read_ledger, read_truth
+from loadtest.correctness.expect import build_expectation, read_ledger, read_truth
 from loadtest.correctness.liveverify import LiveVerifier, fault_rows
 from loadtest.correctness.output import read_output
+from loadtest.correctness.policies import Policy
 from loadtest.correctness.verify import verify
 from tests.loadtest.builders import T0, Output, SessionSpec, ledger_rows, write_run
 

@@ -1,6 +1,6 @@
 import pytest
 
-from loadtest.correctness.expect import Policy
+from loadtest.correctness.policies import Policy
 from loadtest.errors import HarnessError
 from loadtest.run.processes import PipelineProcessConfig
 from loadtest.run.profile import load_profile, parse_load, profile_from_mapping

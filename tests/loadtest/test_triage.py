@@ -8,8 +8,9 @@ from typing import Any
 
 from confluent_kafka import Producer
 
-from loadtest.correctness.expect import Policy, build_expectation, read_ledger, read_truth
+from loadtest.correctness.expect import build_expectation, read_ledger, read_truth
 from loadtest.correctness.output import read_output
+from loadtest.correctness.policies import Policy
 from loadtest.correctness.triage import KafkaReader, Triager
 from loadtest.correctness.verify import verify
 from loadtest.reports.results import Discrepancy

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from loadtest.correctness.expect import Policy, build_expectation, read_ledger, read_truth
+from loadtest.correctness.expect import build_expectation, read_ledger, read_truth
 from loadtest.correctness.latency import end_to_end
 from loadtest.correctness.output import read_output
+from loadtest.correctness.policies import Policy
 from loadtest.correctness.values import read_snapshots
 from loadtest.correctness.verify import verify
 from loadtest.reports.results import Correctness

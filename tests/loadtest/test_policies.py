@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from loadtest.correctness.expect import Policy
-from loadtest.correctness.replays import MODELS, NoIntegrity, Once, Window
+from loadtest.correctness.policies import MODELS, NoIntegrity, Once, Policy, Window
 from pipeline.policies import POLICIES
 
 

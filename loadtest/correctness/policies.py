@@ -1,8 +1,9 @@
 """The verifier's model of each integrity policy: one class per policy, mirroring ``pipeline.policies``.
 
-Each class replays a session's delivered copies in Kafka order under its policy and says which statuses the
-session may close with; ``loadtest.correctness.expect`` turns the replays into what the pipeline must write. The classes
-share names with the pipeline's (``Strict``, ``Ordered``, ``Once``, ``Window``, ``NoIntegrity``) and no code:
+``Policy`` is a run's policy as the verifier knows it (its name and settings); ``Policy.model`` is its class
+here. Each class replays a session's delivered copies in Kafka order under its policy and says which statuses the
+session may close with; ``loadtest.correctness.expect`` turns the replays into what the pipeline must write.
+The classes share names with the pipeline's (``Strict``, ``Ordered``, ``Once``, ``Window``, ``NoIntegrity``) and no code:
 the verifier stays an independent model of the specification. Where the specification leaves the pipeline a
 choice, a class gives one replay per reading (``readings``).
 """
@@ -13,10 +14,7 @@ from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar
-
-if TYPE_CHECKING:
-    from loadtest.correctness.expect import Policy
+from typing import ClassVar
 
 SESSION_LEVEL = -1  # the seq used for violations about a whole session (timeout, digest mismatch, ...)
 Event = tuple[str, int]
@@ -208,6 +206,58 @@ def _replay_none(arrivals: Sequence[Arrival]) -> Outcome:
         else:
             out.applied[seq] += 1
     return out
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The integrity policy of a run, as the verifier needs to know it.
+
+    Parameters
+    ----------
+    name
+        One of ``strict``, ``ordered``, ``once``, ``window``, ``none``.
+    window_messages
+        For ``window``: a hole expires when more than this many later messages wait behind it.
+    window_ms
+        For ``window`` with a time-based lateness: the outcome then depends on timing the ledger cannot
+        replay, so the model accepts anything between no window and an unbounded one.
+    timeouts_expire
+        Whether the pipeline's session timeout passed before the run ended, so that sessions without
+        ``end`` must be closed ``timed_out`` (otherwise their session record may be absent).
+    session_timeout_ms, trigger_ms
+        The pipeline's session timeout and micro-batch interval: a session closed by its timeout must have
+        been quiet that long, within one trigger. None leaves that unchecked.
+    """
+
+    name: str
+    window_messages: int | None = None
+    window_ms: int | None = None
+    timeouts_expire: bool = True
+    session_timeout_ms: int | None = None
+    trigger_ms: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.name not in MODELS:
+            raise ValueError(f"policy name must be one of {tuple(MODELS)}, got {self.name!r}")
+        if self.window_messages is not None and self.window_messages < 0:
+            raise ValueError(f"window_messages must be >= 0, got {self.window_messages!r}")
+        if self.window_ms is not None and self.window_ms < 0:
+            raise ValueError(f"window_ms must be >= 0, got {self.window_ms!r}")
+        for name in ("session_timeout_ms", "trigger_ms"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ValueError(f"{name} must be >= 0, got {value!r}")
+        self.model  # noqa: B018 -- the model checks the settings its policy needs
+
+    @property
+    def model(self) -> PolicyModel:
+        """The verifier's model of this policy (``loadtest.correctness.policies``)."""
+        return MODELS[self.name](self)
+
+    @property
+    def applies_whole_snapshots(self) -> bool:
+        """Whether an applied snapshot sets every row it carries (``once`` skips rows a later seq set first)."""
+        return self.model.applies_whole_snapshots
 
 
 class PolicyModel(ABC):
