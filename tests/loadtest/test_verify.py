@@ -118,6 +118,47 @@ def test_a_broker_that_lost_its_data_numbers_later_copies_from_zero_and_they_sti
     assert result.passed, result.discrepancies
 
 
+def _reset_after(ledger: list, seq: int, drop: int) -> list:
+    """The broker lost its data before ``seq``: from it on, offsets are ``drop`` lower and acknowledged later."""
+    for row in ledger:
+        if row["seq"] >= seq:
+            row["offset"] -= drop
+            row["acked_ts"] += 60_000
+    return ledger
+
+
+def test_a_pipeline_that_stopped_on_the_brokers_data_loss_need_not_have_read_what_came_after(
+    tmp_path: Path,
+) -> None:
+    # Seqs 0-3 at offsets 40-43 were read; the broker lost its data and numbered seqs 4-6 from 0 again. A
+    # pipeline that stops on data loss (failOnDataLoss) stops before it reads on: no more rows, no record.
+    spec = SessionSpec()
+    ledger = _reset_after(ledger_rows(spec, CLEAN, first_offset=40), 4, 44)
+    read_before_the_loss = Output().apply(spec, 0, 1, 2, 3)
+    result = check(tmp_path, Policy("strict"), ledger, [spec], read_before_the_loss, stopped=True)
+    assert result.passed, result.discrepancies
+    # Without the stop, everything the broker acknowledged after its return was the pipeline's to write.
+    kept_on = check(tmp_path / "again", Policy("strict"), ledger, [spec], read_before_the_loss, stopped=False)
+    assert kept_on.rows_lost == 2 and "missing_session" in kinds(kept_on)
+
+
+def test_a_stop_on_data_loss_still_requires_what_was_acknowledged_before_it(tmp_path: Path) -> None:
+    spec = SessionSpec()
+    ledger = _reset_after(ledger_rows(spec, CLEAN, first_offset=40), 4, 44)
+    lost_seq_2 = Output().apply(spec, 0, 1, 3)
+    result = check(tmp_path, Policy("strict"), ledger, [spec], lost_seq_2, stopped=True)
+    assert [(d.kind, d.seq) for d in result.discrepancies] == [("lost_row", 2)]
+
+
+def test_a_session_that_began_after_the_loss_in_the_same_partition_counts_as_after_it(tmp_path: Path) -> None:
+    # The partition's offsets went from 46 back to 0 between the two sessions: the second session's own
+    # copies never go down, but they were all acknowledged after the loss.
+    before, after = SessionSpec("s1"), SessionSpec("s2")
+    ledger = ledger_rows(before, CLEAN, first_offset=40) + _reset_after(ledger_rows(after, CLEAN), 0, 0)
+    result = check(tmp_path, Policy("strict"), ledger, [before, after], clean_output(before), stopped=True)
+    assert result.passed, result.discrepancies
+
+
 def test_strict_missed_gap_fails_for_applying_past_it_and_not_stopping(tmp_path: Path) -> None:
     spec = SessionSpec()
     ledger = ledger_rows(
