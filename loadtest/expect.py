@@ -177,6 +177,8 @@ class Expectation:
     must_stop: bool
     #: The rows each snapshot carried (``loadtest.values.read_snapshots``); empty when the run has none.
     snapshots: pd.DataFrame = field(default_factory=pd.DataFrame)
+    #: Acknowledged copies the broker gave away (``overwritten``), with ``restart``: where their offsets began again.
+    overwritten: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
 # --------------------------------------------------------------------------------------------------- reading
@@ -485,9 +487,37 @@ def partition_lives(ledger: pd.DataFrame) -> pd.Series:
     )
     acked = copies.sort_values(order)
     keys = [acked["topic"], acked["partition"]]
-    seen = acked.groupby(keys)["offset"].cummax().groupby(keys).shift()
-    life = (acked["offset"] < seen).astype(int).groupby(keys).cumsum()
+    # Each step down starts a life; a running maximum would count every copy after the first step as one.
+    previous = acked.groupby(keys)["offset"].shift()
+    life = (acked["offset"] < previous).astype(int).groupby(keys).cumsum()
     return life.reindex(ledger.index).astype("float64")
+
+
+def overwritten(ledger: pd.DataFrame, lives: pd.Series) -> pd.DataFrame:
+    """Acknowledged copies the broker no longer has: at or above an offset its partition later started again at.
+
+    When a partition's offsets start again lower (``partition_lives``: its data wiped, an out-of-sync
+    replica elected leader), the records acknowledged before at the offsets it numbers anew are gone from the
+    broker, whether or not a consumer read them first. The frame is those copies (the ledger's columns) with
+    ``restart``, the lowest offset a later life of their partition began at.
+    """
+    copies = ledger.assign(life=lives)[lives.notna()]
+    if copies.empty or int(copies["life"].max()) == 0:
+        return ledger.iloc[0:0].assign(restart=pd.Series(dtype="int64"))
+    keys = ["topic", "partition"]
+    starts = copies.groupby([*keys, "life"])["offset"].min().reset_index()
+    later = []
+    for (topic, partition), lives_of in starts.groupby(keys):
+        ordered = lives_of.sort_values("life")
+        # The lowest start of any later life: a copy at or above it was numbered anew.
+        after = ordered["offset"][::-1].cummin()[::-1].shift(-1)
+        later.append(
+            pd.DataFrame({"topic": topic, "partition": partition, "life": ordered["life"], "restart": after})
+        )
+    bounds = pd.concat(later, ignore_index=True).dropna(subset=["restart"])
+    merged = copies.reset_index().merge(bounds, on=[*keys, "life"])
+    lost = merged[merged["offset"] >= merged["restart"]].set_index("index")
+    return lost.drop(columns="life").assign(restart=lost["restart"].astype("int64"))
 
 
 def _arrivals(rows: pd.DataFrame) -> tuple[list[Arrival], frozenset[int]]:
@@ -643,4 +673,5 @@ def build_expectation(
         injected,
         must_stop,
         snapshots if snapshots is not None else pd.DataFrame(),
+        overwritten(ledger, lives),
     )

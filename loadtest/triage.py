@@ -25,7 +25,14 @@ log = logging.getLogger(__name__)
 
 # Discrepancies about one message, whose seq can be traced through the layers.
 MESSAGE_KINDS = frozenset(
-    {"lost_row", "missing_session", "malformed_not_quarantined", "false_violation", "not_delivered"}
+    {
+        "lost_row",
+        "missing_session",
+        "malformed_not_quarantined",
+        "false_violation",
+        "not_delivered",
+        "broker_lost",
+    }
 )
 # Rows with values other than a message carried: traced through the layers when they name that message's seq.
 WRONG_KINDS = frozenset({"wrong_value", "wrong_row", "missing_row", "extra_row"})
@@ -165,6 +172,10 @@ class Triager:
             found = self._from_ledger(d)
             if isinstance(found, Triage):
                 traced[i] = found
+            elif d.kind == "broker_lost":
+                traced[i] = self._given_away(d, checked < self._limit)
+                if self._reader is not None and checked < self._limit:
+                    checked += 1
             elif self._reader is None:
                 traced[i] = NOT_READ_BACK
             elif checked < self._limit:
@@ -207,6 +218,21 @@ class Triager:
         if isinstance(found, Triage):
             return found
         return NOT_READ_BACK if self._reader is None else self._from_kafka(found)
+
+    def _given_away(self, d: Discrepancy, read: bool) -> Triage:
+        """A message the ledger shows numbered over by the broker; read back from Kafka when ``read``."""
+        where = f"{d.topic}[{d.partition}]@{d.offset}"
+        by_ledger = Triage(
+            "broker", True, True, False, detail=f"acknowledged at {where}, an offset the broker numbered anew"
+        )
+        if self._reader is None or not read or d.offset is None or d.partition is None:
+            return by_ledger
+        copies = self._ledger_copies(d)
+        assert copies is not None
+        found = self._check_kafka(copies[copies["offset"].notna()])
+        if found.layer == "pipeline":  # still there: the ledger's offsets misled; no layer to blame
+            return Triage("unknown", True, True, True, detail=f"still in Kafka at {where}")
+        return found
 
     def _from_ledger(self, d: Discrepancy) -> Triage | pd.DataFrame:
         """The layer if the ledger settles it (never sent, never acknowledged), else the acknowledged copies."""
