@@ -818,7 +818,8 @@ class UncleanElection(NodeOutage):
     Needs a cluster set up for it: partitions with two replicas, ``min.insync.replicas=1`` and
     ``unclean.leader.election.enable=true`` (a drill's ``broker_settings``). The follower of the busiest
     leader's partitions is frozen (SIGSTOP): it is fenced and drops out of their ISR, and the leader goes on
-    acknowledging alone. ``lag_s`` after the freeze the leader is killed and the follower thawed; once the
+    acknowledging alone. ``lag_s`` after the freeze (and at least ``ALONE_S`` after the follower left the
+    ISR, which is waited for up to ``SHRINK_TIMEOUT_S`` longer) the leader is killed and the follower thawed; once the
     controller fences the dead leader it elects the follower, out of sync, whose log ends where it stopped:
     everything acknowledged since is lost. The window lasts until every partition of the run has a leader
     again; ``restart_after_s`` after the kill the old leader is started, truncates its log to the new
@@ -866,8 +867,11 @@ class UncleanElection(NodeOutage):
                 if (p.topic, p.partition) in exposed
             )
 
-        out_of_sync = _wait(shrunk, self.lag_s)
-        time.sleep(max(0.0, self.lag_s - (time.monotonic() - began)))
+        # Fencing the frozen node takes the controller its session timeout and more on a busy machine: wait for
+        # it past lag_s if need be, then let the leader acknowledge alone a while, as what it takes then is what
+        # the election loses.
+        out_of_sync = _wait(shrunk, self.lag_s + SHRINK_TIMEOUT_S)
+        time.sleep(max(ALONE_S, self.lag_s - (time.monotonic() - began)))
         cluster.stop_node(leader, kill=True)
         cluster.resume_nodes()
         elected = _wait(lambda: _served_without(cluster, stage, leader), max(60.0, self.restart_after_s))
@@ -895,6 +899,11 @@ class UncleanElection(NodeOutage):
 def _now_ms() -> int:
     return int(time.time() * 1000)
 
+
+#: How long past its lag an unclean election waits for the frozen follower to drop out of the ISR.
+SHRINK_TIMEOUT_S = 60.0
+#: How long at least the leader acknowledges alone before it is killed.
+ALONE_S = 5.0
 
 #: How long a node's replicas get to catch up after it is back before the figure says they never did.
 REPLICATED_TIMEOUT_S = 120.0
