@@ -520,6 +520,26 @@ def overwritten(ledger: pd.DataFrame, lives: pd.Series) -> pd.DataFrame:
     return lost.drop(columns="life").assign(restart=lost["restart"].astype("int64"))
 
 
+def reissued(ledger: pd.DataFrame, lives: pd.Series) -> pd.Series:
+    """Whether each copy was acknowledged at an offset its partition had given out before, in an earlier life.
+
+    After an unclean election the new leader numbers new records over offsets the old one had acknowledged;
+    a reader already past them never sees the new records there, through no fault of its own.
+    """
+    copies = ledger.assign(life=lives)[lives.notna()]
+    out = pd.Series(False, index=ledger.index)
+    if copies.empty or int(copies["life"].max()) == 0:
+        return out
+    keys = ["topic", "partition"]
+    highest = copies.groupby([*keys, "life"])["offset"].max().reset_index()
+    # The highest offset of any earlier life of the partition.
+    highest["before"] = highest.groupby(keys)["offset"].cummax().groupby([highest[k] for k in keys]).shift()
+    merged = copies.reset_index().merge(highest[[*keys, "life", "before"]], on=[*keys, "life"])
+    hit = merged.loc[merged["offset"] <= merged["before"], "index"]
+    out.loc[hit] = True
+    return out
+
+
 def _arrivals(rows: pd.DataFrame) -> tuple[list[Arrival], frozenset[int]]:
     """The session's intact delivered copies in Kafka order, and the seqs delivered after a reset.
 

@@ -18,6 +18,7 @@ from typing import Any
 import pandas as pd
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
+from loadtest.expect import partition_lives, reissued
 from loadtest.results import Discrepancy, Triage
 from sotw.kafka import KafkaConfig
 
@@ -139,6 +140,7 @@ class Triager:
         self._index: dict[Any, Any] | None = None  # (session, seq) -> row positions, built on demand
         self._reader = KafkaReader(kafka) if kafka is not None else None
         self._limit = limit
+        self._reissued: pd.Series | None = None  # copies at offsets given out twice, computed on demand
 
     def close(self) -> None:
         """Release the Kafka consumer."""
@@ -243,6 +245,15 @@ class Triager:
             return Triage(
                 "producer", True, False, detail=f"sent but not acknowledged: {errors or 'no report'}"
             )
+        if self._reissued is None:
+            self._reissued = reissued(self._ledger, partition_lives(self._ledger))
+        if bool(self._reissued.loc[acked.index].all()):
+            r = _records(acked.iloc[:1])[0]
+            return Triage(
+                "broker", True, True, None,
+                detail=f"acknowledged at {r['topic']}[{int(r['partition'])}]@{int(r['offset'])}, an offset the "
+                "broker had given out before its offsets started again lower: a reader past it never sees it",
+            )  # fmt: skip
         return acked
 
     def _from_kafka(self, acked: pd.DataFrame, wrote: bool = False) -> Triage:

@@ -144,6 +144,21 @@ def test_an_unclean_election_loses_what_was_acknowledged_at_or_above_where_the_n
     assert "offsets later started again at 42" in result.discrepancies[0].detail
 
 
+def test_records_the_new_leader_numbered_over_offsets_a_reader_had_passed_are_lost_by_the_broker(
+    tmp_path: Path,
+) -> None:
+    # The pipeline had read to offset 44 when the new leader, its log ending at 42, numbered seqs 5-6 at 42-43:
+    # a reader past them never sees them. Triage blames the broker, not the pipeline that did not read them.
+    spec = SessionSpec()
+    ledger = _reset_after(ledger_rows(spec, CLEAN, first_offset=40), 5, 3)
+    read_to_44 = Output().apply(spec, 0, 1, 2, 3, 4).session(spec, "ok")
+    result = check(tmp_path, Policy("ordered"), ledger, [spec], read_to_44)
+    lost = {d.seq: d.triage for d in result.discrepancies if d.kind == "lost_row"}
+    assert sorted(lost) == [5]  # seq 6 is the session's end; the ordered policy's change rows stop at 5
+    assert all(t is not None and t.layer == "broker" for t in lost.values())
+    assert result.blame.get("pipeline", 0) == 0, result.discrepancies
+
+
 def _reset_after(ledger: list, seq: int, drop: int) -> list:
     """The broker lost its data before ``seq``: from it on, offsets are ``drop`` lower and acknowledged later."""
     for row in ledger:
