@@ -225,7 +225,19 @@ def run_drill(
     """Run one drill and return its results with the scorecard (also in ``root/results.json``).
 
     ``job`` is the job under test when it is not ``sotw pipeline`` (``--pipeline-cmd``).
+
+    Raises
+    ------
+    HarnessError
+        If the drill sets ``broker_settings`` but runs on a cluster given with ``--bootstrap``, whose settings
+        are its own.
     """
+    if kafka is not None and drill.broker_settings:
+        raise HarnessError(
+            f"drill {drill.name} sets broker_settings ({', '.join(sorted(drill.broker_settings))}) for the local "
+            "broker it starts: run it without --bootstrap, or set them on your cluster and drop them from a "
+            "copy of the drill file"
+        )
     profile = changed(
         load_profile(drill.profile, drill.scenario),
         f"drill {drill.name}",
@@ -241,6 +253,7 @@ def run_drill(
         command=command,
         incidents=drill.incidents,
         broker=drill.broker,
+        broker_settings=drill.broker_settings,
         broker_commands=commands,
         job=job,
     )

@@ -174,11 +174,18 @@ class ClientProducer:
         return stop, 0
 
     def poll(self, timeout_s: float = 0.0) -> None:
-        """Serve delivery reports and client errors; wait up to ``timeout_s`` for some."""
+        """Serve delivery reports and client errors; wait up to ``timeout_s`` for some.
+
+        A fatal error is not raised here: every later ``produce`` returns it, and the simulator makes a new
+        producer (the direct path's librdkafka only logs it).
+        """
         try:
             self._client().poll(timeout_s)
         except SystemError as exc:
             raise _interrupted(exc) from None
+        except KafkaException as exc:
+            if not exc.args[0].fatal():
+                raise
 
     def flush(self, timeout_s: float) -> int:
         """Wait up to ``timeout_s`` for every queued message to be reported; return how many are left."""

@@ -322,6 +322,10 @@ class Simulator:
             self._planner.faults_changed()
         if recreate and self._fleet is not None:
             ensure_topics(self.kafka, {s.topic: self.config.partitions for s in self._fleet.active})
+        if self._sender is not None and self._sender.fatal:
+            # After a fatal error (an unclean leader election put its sequence numbers out of step with a
+            # partition's new leader) the producer refuses everything: a client makes a new one and goes on.
+            self._sender.renew(self._open_producer()[0])
         return factor, joins
 
     def _open_producer(self) -> tuple[MessageProducer, str]:
@@ -364,8 +368,10 @@ class Simulator:
         try:
             return self._run(producer, path, ledger_dir, stop)
         finally:
-            # Its threads and connections end with the run, however it ends.
+            # Its threads and connections end with the run, however it ends; so do a renewed one's.
             producer.close()
+            if self._sender is not None:
+                self._sender.producer.close()
 
     def _run(
         self, producer: MessageProducer, path: str, ledger_dir: Path, stop: threading.Event | None

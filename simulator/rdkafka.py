@@ -52,6 +52,10 @@ MSG_SIZE_TOO_LARGE = 10
 #: ... for a topic, or a partition, the cluster says does not exist (``RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC``,
 #: ``RD_KAFKA_RESP_ERR__UNKNOWN_PARTITION``): deleted, or gone with a broker's data.
 UNKNOWN_TOPIC, UNKNOWN_PARTITION = -188, -190
+#: ... once the idempotent producer met an error it cannot recover from (``RD_KAFKA_RESP_ERR__FATAL``): its
+#: sequence numbers out of step with a partition's new leader after an unclean leader election, say. Every
+#: later message is refused with it; librdkafka's documentation says to make a new producer.
+FATAL = -150
 _PRODUCER = 0  # RD_KAFKA_PRODUCER
 _MSG_F_COPY = 2  # RD_KAFKA_MSG_F_COPY: librdkafka copies the payload, the buffer may be reused at once
 _PURGE_QUEUE, _PURGE_INFLIGHT = 1, 2

@@ -37,7 +37,14 @@ from simulator.config import SimulatorError
 from simulator.faults import MALFORMED, NONE
 from simulator.ledger import UPDATE, Ledger
 from simulator.planner import Message, UpdateRun
-from simulator.rdkafka import MSG_SIZE_TOO_LARGE, QUEUE_FULL, UNKNOWN_PARTITION, UNKNOWN_TOPIC, error_text
+from simulator.rdkafka import (
+    FATAL,
+    MSG_SIZE_TOO_LARGE,
+    QUEUE_FULL,
+    UNKNOWN_PARTITION,
+    UNKNOWN_TOPIC,
+    error_text,
+)
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +142,10 @@ class Sender:
         self.sent = 0
         #: Times the producer's queue was full and a message waited for the broker.
         self.backpressure_waits = 0
+        #: The producer met a fatal error and refuses every message: it needs replacing (``renew``).
+        self.fatal = False
+        #: Producers replaced after a fatal error.
+        self.renewals = 0
         self._woke_ms = -np.inf  # when the loop last woke from waiting for the schedule
 
     # ---- pacing and reports ---------------------------------------------------------------------------
@@ -163,9 +174,7 @@ class Sender:
     def record_reports(self) -> float:
         """Hand the reports served since the last call to the ledger, dated by the clock read now; return it."""
         now = self.clock()
-        rows, offsets, codes = self.producer.take()
-        if len(rows):
-            self.ledger.acknowledge(rows, offsets, codes, now, error_text)
+        self._record(self.producer, now)
         return now
 
     # ---- sending --------------------------------------------------------------------------------------
@@ -305,7 +314,8 @@ class Sender:
         ``err`` is the error of a try already made. A full local queue is served until the message goes in
         (never dropped); if it stays full ``stall_timeout_s``, or the client refuses the message outright,
         the run stops with an error saying why. Returns 0 once the message is queued, or the error code when
-        the client refused it because its topic or partition no longer exists.
+        the client refused it because its topic or partition no longer exists, or because the producer met a
+        fatal error (``fatal`` is then set, for the simulator to make a new producer between blocks).
         """
         if err is None:
             err = produce()
@@ -321,6 +331,9 @@ class Sender:
                 self.serve(0.01)
                 err = produce()
         if err in (UNKNOWN_TOPIC, UNKNOWN_PARTITION):
+            return err
+        if err == FATAL:
+            self.fatal = True
             return err
         if err:
             hint = (
@@ -339,6 +352,35 @@ class Sender:
         self.ledger.acknowledge(
             one, np.array([-1], dtype=np.int64), np.array([err], dtype=np.int64), now, error_text
         )
+
+    def renew(self, producer: MessageProducer) -> None:
+        """Send through ``producer`` from now on, after the current one met a fatal error.
+
+        The old producer's outstanding messages are purged (their reports say so, or give the fatal error)
+        and it is closed. Call it between blocks: a staged run holds the old producer's topic handles.
+        """
+        old, self.producer = self.producer, producer
+        with contextlib.suppress(Exception):
+            old.purge()
+        deadline = time.monotonic() + 2.0
+        while len(old) and time.monotonic() < deadline:
+            old.poll(0.05)
+            self._record(old, self.clock())
+        self._record(old, self.clock())
+        old.close()
+        self.fatal = False
+        self.renewals += 1
+        log.warning(
+            "the producer met a fatal error (librdkafka's log says which); a new one sends from now on, and "
+            "%d messages of the old one were never acknowledged",
+            self.ledger.outstanding(),
+        )
+
+    def _record(self, producer: MessageProducer, now: float) -> None:
+        """Hand ``producer``'s reports served so far to the ledger, dated ``now``."""
+        rows, offsets, codes = producer.take()
+        if len(rows):
+            self.ledger.acknowledge(rows, offsets, codes, now, error_text)
 
     # ---- the end --------------------------------------------------------------------------------------
 

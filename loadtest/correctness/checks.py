@@ -441,6 +441,31 @@ def check_delivery(exp: Expectation, tally: Tally) -> None:
         )
 
 
+def check_broker_kept(exp: Expectation, tally: Tally) -> None:
+    """Acknowledged messages the broker gave away (``Expectation.overwritten``), read by the pipeline or not.
+
+    A message already counted as lost from the output is not counted twice.
+    """
+    counted = {(d.session, d.seq) for d in tally.discrepancies}
+    for r in exp.overwritten.to_dict("records"):
+        session, seq = str(r["session"]), int(r["seq"])
+        if (session, seq) in counted:
+            continue
+        counted.add((session, seq))
+        where = f"{r['topic']}[{int(r['partition'])}]@{int(r['offset'])}"
+        tally.add(
+            "broker_lost",
+            exp.sessions.get(session, (None,))[0],
+            f"seq {seq} was acknowledged at {where}; the partition's offsets later started again at "
+            f"{int(r['restart'])}: the broker no longer has it",
+            session=session,
+            seq=seq,
+            topic=str(r["topic"]),
+            partition=int(r["partition"]),
+            offset=int(r["offset"]),
+        )
+
+
 def check_stop(exp: Expectation, pipeline_stopped: bool | None, tally: Tally) -> None:
     """Under ``strict`` a violation must stop the query."""
     if not exp.must_stop or pipeline_stopped is not False:

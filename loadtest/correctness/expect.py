@@ -73,6 +73,8 @@ class SessionExpectation:
     stop_at: int | None = None
     #: A strict stop may have cut the session short: its output may hold only a prefix of its changes.
     cut_short: bool = False
+    #: Seqs delivered after their partition's offsets started again lower: the broker had lost data by then.
+    after_reset: frozenset[int] = frozenset()
 
     @property
     def must_be_present(self) -> bool:
@@ -93,6 +95,8 @@ class Expectation:
     must_stop: bool
     #: The rows each snapshot carried (``loadtest.correctness.values.read_snapshots``); empty when the run has none.
     snapshots: pd.DataFrame = field(default_factory=pd.DataFrame)
+    #: Acknowledged copies the broker gave away (``overwritten``), with ``restart``: where their offsets began again.
+    overwritten: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
 # --------------------------------------------------------------------------------------------------- reading
@@ -189,26 +193,95 @@ def _session_events(policy: Policy, out: Outcome, exact: bool) -> tuple[set[Even
     return required, allowed | required
 
 
-def _arrivals(rows: pd.DataFrame) -> list[Arrival]:
-    """The session's intact delivered copies in Kafka order: ``(partition, life, offset)``.
+def partition_lives(ledger: pd.DataFrame) -> pd.Series:
+    """Each delivered copy's ``life`` in its partition: how many times its offsets had started again lower.
 
-    A partition's ``life`` counts the times its offsets started again from a lower number (a broker that
-    lost its data, a topic recreated): what was acknowledged after such a reset comes after everything
-    before it, although its offsets are lower. Acknowledgements of one partition arrive in offset order, so
-    in acknowledgement order an offset below one already seen marks the reset.
+    A partition's offsets start again from a lower number when the broker lost what it had acknowledged (its
+    data wiped, a topic recreated, an out-of-sync replica elected leader): what was acknowledged after such
+    a reset comes after everything before it, although its offsets are lower. Acknowledgements of one
+    partition arrive in offset order, so in acknowledgement order an offset below one already seen marks the
+    reset. Counted over every session's copies of the partition, so a session that began after the reset is
+    in the later life too. NaN for copies without an offset.
+    """
+    copies = ledger[ledger["delivered"].fillna(False).astype(bool) & ledger["offset"].notna()]
+    if copies.empty:
+        return pd.Series(index=ledger.index, dtype="float64")
+    order = (
+        ["topic", "partition", "acked_ts", "offset"]
+        if "acked_ts" in copies
+        else ["topic", "partition", "offset"]
+    )
+    acked = copies.sort_values(order)
+    keys = [acked["topic"], acked["partition"]]
+    # Each step down starts a life; a running maximum would count every copy after the first step as one.
+    previous = acked.groupby(keys)["offset"].shift()
+    life = (acked["offset"] < previous).astype(int).groupby(keys).cumsum()
+    return life.reindex(ledger.index).astype("float64")
+
+
+def overwritten(ledger: pd.DataFrame, lives: pd.Series) -> pd.DataFrame:
+    """Acknowledged copies the broker no longer has: at or above an offset its partition later started again at.
+
+    When a partition's offsets start again lower (``partition_lives``: its data wiped, an out-of-sync
+    replica elected leader), the records acknowledged before at the offsets it numbers anew are gone from the
+    broker, whether or not a consumer read them first. The frame is those copies (the ledger's columns) with
+    ``restart``, the lowest offset a later life of their partition began at.
+    """
+    copies = ledger.assign(life=lives)[lives.notna()]
+    if copies.empty or int(copies["life"].max()) == 0:
+        return ledger.iloc[0:0].assign(restart=pd.Series(dtype="int64"))
+    keys = ["topic", "partition"]
+    starts = copies.groupby([*keys, "life"])["offset"].min().reset_index()
+    later = []
+    for (topic, partition), lives_of in starts.groupby(keys):
+        ordered = lives_of.sort_values("life")
+        # The lowest start of any later life: a copy at or above it was numbered anew.
+        after = ordered["offset"][::-1].cummin()[::-1].shift(-1)
+        later.append(
+            pd.DataFrame({"topic": topic, "partition": partition, "life": ordered["life"], "restart": after})
+        )
+    bounds = pd.concat(later, ignore_index=True).dropna(subset=["restart"])
+    merged = copies.reset_index().merge(bounds, on=[*keys, "life"])
+    lost = merged[merged["offset"] >= merged["restart"]].set_index("index")
+    return lost.drop(columns="life").assign(restart=lost["restart"].astype("int64"))
+
+
+def reissued(ledger: pd.DataFrame, lives: pd.Series) -> pd.Series:
+    """Whether each copy was acknowledged at an offset its partition had given out before, in an earlier life.
+
+    After an unclean election the new leader numbers new records over offsets the old one had acknowledged;
+    a reader already past them never sees the new records there, through no fault of its own.
+    """
+    copies = ledger.assign(life=lives)[lives.notna()]
+    out = pd.Series(False, index=ledger.index)
+    if copies.empty or int(copies["life"].max()) == 0:
+        return out
+    keys = ["topic", "partition"]
+    highest = copies.groupby([*keys, "life"])["offset"].max().reset_index()
+    # The highest offset of any earlier life of the partition.
+    highest["before"] = highest.groupby(keys)["offset"].cummax().groupby([highest[k] for k in keys]).shift()
+    merged = copies.reset_index().merge(highest[[*keys, "life", "before"]], on=[*keys, "life"])
+    hit = merged.loc[merged["offset"] <= merged["before"], "index"]
+    out.loc[hit] = True
+    return out
+
+
+def _arrivals(rows: pd.DataFrame) -> tuple[list[Arrival], frozenset[int]]:
+    """The session's intact delivered copies in Kafka order, and the seqs delivered after a reset.
+
+    Kafka order is ``(partition, life, offset)``; a seq is delivered after a reset when a copy of it was
+    acknowledged after its partition's offsets started again lower (``partition_lives``). ``rows`` carry
+    ``life`` when the whole ledger's was counted; without it, it is counted from the session's own copies.
     """
     copies = rows[rows["delivered"].fillna(False).astype(bool) & rows["offset"].notna()]
-    if "acked_ts" in copies:
-        acked = copies.sort_values(["partition", "acked_ts", "offset"])
-        seen = acked.groupby("partition")["offset"].cummax().groupby(acked["partition"]).shift()
-        acked = acked.assign(life=(acked["offset"] < seen).astype(int).groupby(acked["partition"]).cumsum())
-    else:
-        acked = copies.assign(life=0)
-    intact = acked[acked["fault"] != "malformed"].sort_values(["partition", "life", "offset"])
-    return [
+    if "life" not in copies:
+        copies = copies.assign(life=partition_lives(copies))
+    intact = copies[copies["fault"] != "malformed"].sort_values(["partition", "life", "offset"])
+    arrivals = [
         (int(s), str(k), int(t))
         for s, k, t in zip(intact["seq"], intact["kind"], intact["intended_ts"], strict=True)
     ]
+    return arrivals, frozenset(int(s) for s in copies.loc[copies["life"] > 0, "seq"])
 
 
 def expect_session(
@@ -225,7 +298,7 @@ def expect_session(
     table_seqs = frozenset(int(s) for s in rows.loc[rows["kind"] != "end", "seq"].unique())
     ends = rows.loc[rows["kind"] == "end", "seq"]
     end_seq = int(ends.iloc[0]) if len(ends) else None
-    arrivals = _arrivals(rows)
+    arrivals, after_reset = _arrivals(rows)
     truth = truth or {}
     digest = truth.get("digest")
     updates = tuple(sorted(int(s) for s in rows.loc[rows["kind"] == "update", "seq"].unique()))
@@ -254,6 +327,7 @@ def expect_session(
                 events_allowed=frozenset(allowed),
                 update_seqs=updates,
                 stop_at=out.stop_at,
+                after_reset=after_reset,
             )
         )
     return tuple(readings)
@@ -274,6 +348,34 @@ def _relax_for_stop(exp: SessionExpectation) -> SessionExpectation:
     )
 
 
+def relax_after_data_loss(exp: Expectation) -> Expectation:
+    """The expectation for a pipeline that stopped on its own after the broker lost acknowledged data.
+
+    A pipeline that stops on data loss (``failOnDataLoss``) stops at its first sight of it, within a trigger
+    or two of the broker's return, and need never read on: what the broker acknowledged after its offsets
+    started again (``SessionExpectation.after_reset``) is not required, and a session with such messages may
+    be absent or hold only a prefix of its changes. Everything acknowledged before the loss stays required
+    (what the broker lost with it is then the broker's, as triage finds), and nothing forbidden becomes
+    allowed.
+    """
+    from dataclasses import replace
+
+    def relax(want: SessionExpectation) -> SessionExpectation:
+        if not want.after_reset:
+            return want
+        return replace(
+            want,
+            statuses=want.statuses | {"absent"},
+            applied_min={s: 0 if s in want.after_reset else n for s, n in want.applied_min.items()},
+            events_required=frozenset(),
+            events_allowed=want.events_allowed | {("timeout", SESSION_LEVEL)},
+            cut_short=True,
+        )
+
+    sessions = {name: tuple(relax(e) for e in readings) for name, readings in exp.sessions.items()}
+    return replace(exp, sessions=sessions)
+
+
 def build_expectation(
     policy: Policy, ledger: pd.DataFrame, truth: pd.DataFrame, snapshots: pd.DataFrame | None = None
 ) -> Expectation:
@@ -281,11 +383,14 @@ def build_expectation(
 
     ``snapshots`` are the rows each snapshot carried, against which snapshot change rows are checked.
     """
+    lives = partition_lives(ledger)
     truth_by_session: dict[str, dict[str, object]] = {}
     for record in truth.to_dict("records") if not truth.empty else []:
         truth_by_session[str(record["session"])] = {str(k): v for k, v in record.items()}
     sessions = {
-        str(name): expect_session(policy, rows, truth_by_session.get(str(name)))
+        str(name): expect_session(
+            policy, rows.assign(life=lives.loc[rows.index]), truth_by_session.get(str(name))
+        )
         for name, rows in ledger.groupby("session", sort=True)
     }
     must_stop = any(e.stop_at is not None for readings in sessions.values() for e in readings)
@@ -314,4 +419,5 @@ def build_expectation(
         injected,
         must_stop,
         snapshots if snapshots is not None else pd.DataFrame(),
+        overwritten(ledger, lives),
     )

@@ -7,6 +7,7 @@ A drill file is TOML::
     profile = "baseline"              # a profile of the scenario file (or `scenario = "path.toml"` too)
     load = "10x"
     broker = "kafka"                  # the local broker: kafka (one node, default) or kafka-3
+    broker_settings = { "min.insync.replicas" = 1 }   # server.properties of its nodes (optional)
     simulator = { faults = {} }       # changes to the profile's fleet and faults (optional)
     pipeline = { trigger = "1s" }     # changes to its pipeline settings (optional)
     run = { steady_s = 90 }           # changes to its phases (optional)
@@ -114,6 +115,22 @@ def _verdict(outcome: DrillOutcome, wanted: Any) -> list[DrillCheck]:
     return [DrillCheck("verdict", wanted, outcome.verdict, outcome.verdict == wanted)]
 
 
+def _figure(name: str, unit: str) -> Callable[[DrillOutcome, Any], list[DrillCheck]]:
+    """A figure incidents measure themselves (``IncidentResult.figures``), at most ``bound`` for each.
+
+    NaN (what the incident waited for never happened) fails, and so does a drill none of whose incidents
+    measures it.
+    """
+
+    def check(outcome: DrillOutcome, bound: Any) -> list[DrillCheck]:
+        measured = [r for r in outcome.recoveries if name in r.figures]
+        if not measured:
+            return [DrillCheck(name, f"<= {bound}{unit}", "no incident measured it", False)]
+        return [_max_check(f"{name} ({r.label})", bound, r.figures[name], unit) for r in measured]
+
+    return check
+
+
 def _blame(layer: str) -> Callable[[DrillOutcome, Any], list[DrillCheck]]:
     def check(outcome: DrillOutcome, bound: Any) -> list[DrillCheck]:
         value = None if outcome.correctness is None else float(outcome.correctness.blame.get(layer, 0))
@@ -166,6 +183,29 @@ EXPECTATIONS: dict[str, tuple[str, Callable[[DrillOutcome, Any], list[DrillCheck
         "whether the pipeline reported data the broker lost",
         _flag("data_loss_recorded", lambda o: o.data_loss_reports > 0),
     ),
+    "leaders_moved_s": (
+        "seconds from a node's kill until the others lead all of the run's partitions, at most",
+        _figure("leaders_moved_s", " s"),
+    ),
+    "elected_s": (
+        "seconds from the leader's kill until every partition of the run has a leader again, at most",
+        _figure("elected_s", " s"),
+    ),
+    "rejoined_s": (
+        "seconds from a node's start until it is registered and serving, at most",
+        _figure("rejoined_s", " s"),
+    ),
+    "replicated_s": (
+        "seconds from a node's start until no partition is under-replicated, at most",
+        _figure("replicated_s", " s"),
+    ),
+    "broker_lost": (
+        "whether triage found acknowledged records the broker no longer has (blamed on the broker)",
+        _flag(
+            "broker_lost",
+            lambda o: o.correctness is not None and o.correctness.blame.get("broker", 0) > 0,
+        ),
+    ),
     "blame_pipeline": ("discrepancies triage blames on the pipeline, at most", _blame("pipeline")),
     "blame_producer": ("discrepancies triage blames on the producer, at most", _blame("producer")),
 }
@@ -181,6 +221,7 @@ class Drill:
     load: str = "1x"
     scenario: Path | None = None
     broker: str = "kafka"
+    broker_settings: Mapping[str, str] = field(default_factory=dict)
     simulator: Mapping[str, Any] = field(default_factory=dict)
     pipeline: Mapping[str, Any] = field(default_factory=dict)
     run: Mapping[str, Any] = field(default_factory=dict)
@@ -224,7 +265,17 @@ def drill_from_mapping(name: str, doc: Mapping[str, Any], path: Path | None = No
     head = doc.get("drill")
     if not isinstance(head, Mapping):
         raise HarnessError(f"{where}: a [drill] table with at least a profile is required")
-    known = {"description", "profile", "load", "scenario", "broker", "simulator", "pipeline", "run"}
+    known = {
+        "description",
+        "profile",
+        "load",
+        "scenario",
+        "broker",
+        "broker_settings",
+        "simulator",
+        "pipeline",
+        "run",
+    }
     unknown = sorted(set(head) - known)
     if unknown:
         raise HarnessError(
@@ -246,6 +297,7 @@ def drill_from_mapping(name: str, doc: Mapping[str, Any], path: Path | None = No
         load=str(head.get("load", "1x")),
         scenario=Path(scenario) if scenario is not None else None,
         broker=str(head.get("broker", "kafka")),
+        broker_settings=_broker_settings(head.get("broker_settings", {}), where),
         simulator=dict(head.get("simulator", {})),
         pipeline=dict(head.get("pipeline", {})),
         run=dict(head.get("run", {})),
@@ -253,6 +305,26 @@ def drill_from_mapping(name: str, doc: Mapping[str, Any], path: Path | None = No
         expect=dict(doc.get("expect", {})),
         path=path,
     )
+
+
+def _broker_settings(table: Any, where: str) -> dict[str, str]:
+    """``broker_settings`` as Kafka reads them (``true``/``false``, numbers as written)."""
+    if not isinstance(table, Mapping):
+        raise HarnessError(
+            f"{where}: broker_settings must be a table of server.properties settings, "
+            f'e.g. {{ "min.insync.replicas" = 1 }}, got {table!r}'
+        )
+    out = {}
+    for key, value in table.items():
+        if isinstance(value, bool):
+            out[str(key)] = str(value).lower()
+        elif isinstance(value, str | int | float):
+            out[str(key)] = str(value)
+        else:
+            raise HarnessError(
+                f"{where}: broker_settings.{key} must be a string, number or boolean, got {value!r}"
+            )
+    return out
 
 
 def shipped() -> dict[str, Path]:

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import subprocess
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,12 +25,50 @@ from typing import Any, ClassVar, Protocol
 
 from loadtest.errors import HarnessError
 from simulator.config import FaultConfig, SimulatorError
+from sotw.broker import PartitionState
 
 log = logging.getLogger(__name__)
 
 
+class ClusterControl(Protocol):
+    """What node incidents do to a cluster of several nodes (the local three-node cluster, ``kafka-3``)."""
+
+    @property
+    def node_ids(self) -> list[int]:
+        """The nodes' ids."""
+
+    def partitions(self) -> list[PartitionState]:
+        """Every partition but the internal topics', with leader, replicas and replicas in sync, as now."""
+
+    def under_replicated(self) -> int:
+        """How many partitions of every topic (the internal ones too) have fewer replicas in sync than assigned."""
+
+    def stop_node(self, node: int, kill: bool) -> None:
+        """Stop one node: SIGTERM (a controlled shutdown), or SIGKILL with ``kill``; it stays down."""
+
+    def start_node(self, node: int) -> None:
+        """Start a stopped node and return once it is registered and serving."""
+
+    def pause_node(self, node: int) -> None:
+        """Freeze one node (SIGSTOP)."""
+
+    def resume_nodes(self) -> None:
+        """Thaw every frozen node (SIGCONT)."""
+
+    @property
+    def down_nodes(self) -> list[int]:
+        """The nodes an incident stopped and nobody started again."""
+
+    def restore(self) -> None:
+        """Thaw every frozen node and start every stopped one: nothing an incident did is left behind."""
+
+
 class BrokerControl(Protocol):
     """The incident operations a broker offers (one the harness started, or a cluster driven by commands)."""
+
+    @property
+    def cluster(self) -> ClusterControl | None:
+        """Control of single nodes, for a broker of several; None for one node or a broker given by commands."""
 
     def pause(self) -> None:
         """Freeze the broker (it stops answering, connections stay open)."""
@@ -53,6 +93,10 @@ class Stage(Protocol):
     @property
     def checkpoint(self) -> Path:
         """The pipeline's checkpoint directory."""
+
+    @property
+    def topic_prefix(self) -> str:
+        """The prefix of every topic of this run (its sensors' topics)."""
 
     @property
     def base_load_factor(self) -> float:
@@ -102,6 +146,27 @@ def _number(where: str, value: Any, minimum: float = 0.0) -> float:
 
 
 @dataclass(frozen=True)
+class Step:
+    """What one action of an incident did, when a line of text is not all of it.
+
+    Parameters
+    ----------
+    note
+        The line for the timeline.
+    figures
+        What the action measured (seconds, counts), kept with the incident in ``results.json``; NaN for one
+        it waited for in vain.
+    outage_end_ms
+        When the outage ended (epoch ms), for an incident whose later actions (a node started again, its
+        replicas catching up) are not part of it: recovery is measured from there.
+    """
+
+    note: str
+    figures: Mapping[str, float] = field(default_factory=dict)
+    outage_end_ms: int | None = None
+
+
+@dataclass(frozen=True)
 class Incident:
     """One scheduled incident: when it starts (seconds into the steady phase) and its name on the timeline.
 
@@ -126,14 +191,14 @@ class Incident:
         """Seconds from ``begin`` to ``end``."""
         return 0.0
 
-    def begin(self, stage: Stage) -> str:
+    def begin(self, stage: Stage) -> str | Step:
         """Start the incident; return what was done, for the timeline."""
         raise NotImplementedError
 
     def tick(self, stage: Stage, into_s: float) -> None:
         """Called about once a second while the incident lasts (ramps change rates here)."""
 
-    def end(self, stage: Stage) -> str:
+    def end(self, stage: Stage) -> str | Step:
         """End the incident; return what was done."""
         return "over"
 
@@ -561,6 +626,289 @@ class WorkerKill(Incident):
             stage.restart_spark_workers()
 
 
+def _node_param(kind: str, node: Any) -> None:
+    if node != "busiest" and (isinstance(node, bool) or not isinstance(node, int) or node < 1):
+        raise HarnessError(f'{kind}: node must be a node id (1, 2, ...) or "busiest", got {node!r}')
+
+
+def _cluster(stage: Stage, kind: str) -> ClusterControl:
+    cluster = stage.broker.cluster if stage.broker is not None else None
+    if cluster is None:
+        raise HarnessError(
+            f'incident {kind} needs a local cluster of several nodes: broker = "kafka-3" in the drill file '
+            "(or --broker kafka-3)"
+        )
+    return cluster
+
+
+def _run_partitions(cluster: ClusterControl, stage: Stage) -> list[PartitionState]:
+    return [p for p in cluster.partitions() if p.topic.startswith(stage.topic_prefix)]
+
+
+def _choose(cluster: ClusterControl, stage: Stage, node: int | str) -> tuple[int, int]:
+    """The node to act on (``busiest``: the one leading the most of the run's partitions) and how many it leads."""
+    counts = Counter(p.leader for p in _run_partitions(cluster, stage) if p.leader >= 0)
+    chosen = max(sorted(cluster.node_ids), key=lambda n: counts[n]) if node == "busiest" else int(node)
+    if chosen not in cluster.node_ids:
+        raise HarnessError(f"there is no node {chosen}: the cluster's nodes are {cluster.node_ids}")
+    return chosen, counts[chosen]
+
+
+def _wait(check: Callable[[], bool], timeout_s: float, poll_s: float = 0.2) -> float:
+    """Seconds until ``check()`` held (NaN if it did not within ``timeout_s``; an error counts as not yet)."""
+    started = time.monotonic()
+    while True:
+        try:
+            if check():
+                return time.monotonic() - started
+        except Exception as exc:  # KafkaException while the cluster is changing: ask again
+            log.debug("cluster not ready yet: %s", exc)
+        if time.monotonic() - started > timeout_s:
+            return math.nan
+        time.sleep(poll_s)
+
+
+def _served_without(cluster: ClusterControl, stage: Stage, gone: int) -> bool:
+    """Every partition of the run has a leader, and none is ``gone``."""
+    return all(p.leader >= 0 and p.leader != gone for p in _run_partitions(cluster, stage))
+
+
+def _start_again(cluster: ClusterControl, node: int) -> Step:
+    """Start ``node`` again, measured: until it is registered (``outage_end_ms``) and until it is in sync.
+
+    In sync: no partition under-replicated, waited for ``REPLICATED_TIMEOUT_S`` at most.
+    """
+    started = time.monotonic()
+    cluster.start_node(node)
+    registered_ms = _now_ms()
+    rejoined = time.monotonic() - started
+    replicated = rejoined + _wait(lambda: cluster.under_replicated() == 0, REPLICATED_TIMEOUT_S)
+    caught_up = (
+        f"every partition in sync again {replicated:.1f} s after its start"
+        if math.isfinite(replicated)
+        else f"still under-replicated {REPLICATED_TIMEOUT_S:g} s after it"
+    )
+    return Step(
+        f"node {node} started again: registered after {rejoined:.1f} s, {caught_up}",
+        {"rejoined_s": rejoined, "replicated_s": replicated},
+        outage_end_ms=registered_ms,
+    )
+
+
+def _start_the_down_node(cluster: ClusterControl) -> Step:
+    """Start the node the incident took down again, measured; the outage ended before (not at its return)."""
+    down = cluster.down_nodes
+    if not down:
+        return Step("no node was down")
+    return dataclasses.replace(_start_again(cluster, down[0]), outage_end_ms=None)
+
+
+@dataclass(frozen=True)
+class NodeIncident(Incident):
+    """An incident on single nodes of a local cluster: whatever it stopped or froze is restored at the end."""
+
+    def close(self, stage: Stage) -> None:
+        """Never leave a node frozen or down."""
+        if stage.broker is not None and stage.broker.cluster is not None:
+            stage.broker.cluster.restore()
+
+
+@dataclass(frozen=True)
+class NodeOutage(NodeIncident):
+    """A node taken down by ``begin`` and started again by ``end``, its return and catching up measured."""
+
+    def end(self, stage: Stage) -> Step:
+        """Start the node again; measure its return and its replicas catching up."""
+        return _start_the_down_node(_cluster(stage, self.kind))
+
+
+@dataclass(frozen=True)
+class BrokerNodeKill(NodeOutage):
+    """SIGKILL of one node of the cluster (by default the node leading the most of the run's partitions).
+
+    The other nodes take over its partitions once the controller fences it (``broker.session.timeout.ms``
+    after its last heartbeat): the outage, and the incident's window for recovery, lasts until every
+    partition of the run is led by a live node again. ``restart_after_s`` after the kill it is started
+    again; it rejoins and its replicas catch up. Figures: ``led`` (partitions of the run it led),
+    ``leaders_moved_s``, ``rejoined_s`` (its start until registered), ``replicated_s`` (its start until no
+    partition is under-replicated).
+    """
+
+    kind: ClassVar[str] = "broker_node_kill"
+    node: int | str = "busiest"
+    restart_after_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _node_param(self.kind, self.node)
+        _number("broker_node_kill: restart_after_s", self.restart_after_s)
+
+    @property
+    def duration(self) -> float:
+        """Until the node is started again."""
+        return self.restart_after_s
+
+    def begin(self, stage: Stage) -> Step:
+        """Kill the node and wait until its partitions are led by the others."""
+        cluster = _cluster(stage, self.kind)
+        node, led = _choose(cluster, stage, self.node)
+        cluster.stop_node(node, kill=True)
+        moved = _wait(lambda: _served_without(cluster, stage, node), self.restart_after_s)
+        return Step(
+            f"node {node} killed (SIGKILL; it led {led} of the run's partitions); "
+            + (
+                f"the others lead them all after {moved:.1f} s"
+                if math.isfinite(moved)
+                else "leadership not moved"
+            ),
+            {"node": float(node), "led": float(led), "leaders_moved_s": moved},
+            outage_end_ms=_now_ms(),
+        )
+
+
+@dataclass(frozen=True)
+class BrokerNodeRestart(NodeIncident):
+    """One node stopped gracefully and started again, as each node in turn in a rolling restart (an upgrade).
+
+    As an operator would, it first waits (up to ``settle_s``) until no partition is under-replicated, so
+    that stopping the node cannot take a partition below ``min.insync.replicas``. SIGTERM is Kafka's
+    controlled shutdown: the node hands its leaderships over before it exits. Down ``downtime_s``, then
+    started; the window is from the SIGTERM until it is registered again. Figures: ``waited_s``, ``stop_s``
+    (the controlled shutdown), ``rejoined_s`` and ``replicated_s``.
+    """
+
+    kind: ClassVar[str] = "broker_node_restart"
+    node: int | str = "busiest"
+    downtime_s: float = 5.0
+    settle_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _node_param(self.kind, self.node)
+        _number("broker_node_restart: downtime_s", self.downtime_s)
+        _number("broker_node_restart: settle_s", self.settle_s)
+
+    def begin(self, stage: Stage) -> Step:
+        """Wait for a healthy cluster, stop the node gracefully, start it again; measure each step."""
+        cluster = _cluster(stage, self.kind)
+        waited = _wait(lambda: cluster.under_replicated() == 0, self.settle_s)
+        if not math.isfinite(waited):
+            raise HarnessError(
+                f"broker_node_restart: partitions were still under-replicated after {self.settle_s:g} s; "
+                "a node was not stopped (it could take a partition below min.insync.replicas)"
+            )
+        node, led = _choose(cluster, stage, self.node)
+        began = time.monotonic()
+        cluster.stop_node(node, kill=False)
+        stopped = time.monotonic() - began
+        time.sleep(self.downtime_s)
+        back = _start_again(cluster, node)
+        return Step(
+            f"node {node} (leading {led} of the run's partitions) stopped gracefully in {stopped:.1f} s, "
+            f"down {self.downtime_s:g} s; {back.note.removeprefix(f'node {node} ')}",
+            {"node": float(node), "led": float(led), "waited_s": waited, "stop_s": stopped, **back.figures},
+            outage_end_ms=back.outage_end_ms,
+        )
+
+
+@dataclass(frozen=True)
+class UncleanElection(NodeOutage):
+    """A lagging follower made leader: acknowledged records the old leader alone had are gone.
+
+    Needs a cluster set up for it: partitions with two replicas, ``min.insync.replicas=1`` and
+    ``unclean.leader.election.enable=true`` (a drill's ``broker_settings``). The follower of the busiest
+    leader's partitions is frozen (SIGSTOP): it is fenced and drops out of their ISR, and the leader goes on
+    acknowledging alone. ``lag_s`` after the freeze (and at least ``ALONE_S`` after the follower left the
+    ISR, which is waited for up to ``SHRINK_TIMEOUT_S`` longer) the leader is killed and the follower thawed; once the
+    controller fences the dead leader it elects the follower, out of sync, whose log ends where it stopped:
+    everything acknowledged since is lost. The window lasts until every partition of the run has a leader
+    again; ``restart_after_s`` after the kill the old leader is started, truncates its log to the new
+    leader's and catches up. Figures: ``led``, ``at_risk`` (partitions whose only other replica is the
+    follower), ``isr_shrunk_s`` (the freeze until the follower is out of their ISR), ``elected_s`` (the kill
+    until every partition has a leader), ``rejoined_s``, ``replicated_s``.
+    """
+
+    kind: ClassVar[str] = "unclean_election"
+    lag_s: float = 20.0
+    restart_after_s: float = 20.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _number("unclean_election: lag_s", self.lag_s, 1.0)
+        _number("unclean_election: restart_after_s", self.restart_after_s)
+
+    @property
+    def duration(self) -> float:
+        """The follower's lag, then the old leader down."""
+        return self.lag_s + self.restart_after_s
+
+    def begin(self, stage: Stage) -> Step:
+        """Freeze the follower, let it fall behind, kill the leader, thaw the follower; wait for the election."""
+        cluster = _cluster(stage, self.kind)
+        began = time.monotonic()
+        leader, led = _choose(cluster, stage, "busiest")
+        mine = [p for p in _run_partitions(cluster, stage) if p.leader == leader]
+        followers = Counter(r for p in mine for r in p.replicas if r != leader)
+        at_risk = [p for p in mine if len(p.replicas) == 2]
+        if not followers or not at_risk:
+            raise HarnessError(
+                "unclean_election needs partitions with two replicas: broker_settings = "
+                '{ "default.replication.factor" = 2, "min.insync.replicas" = 1, '
+                '"unclean.leader.election.enable" = true } in the drill file'
+            )
+        follower = followers.most_common(1)[0][0]
+        exposed = {(p.topic, p.partition) for p in at_risk if follower in p.replicas}
+        cluster.pause_node(follower)
+
+        def shrunk() -> bool:
+            return all(
+                follower not in p.isr
+                for p in _run_partitions(cluster, stage)
+                if (p.topic, p.partition) in exposed
+            )
+
+        # Fencing the frozen node takes the controller its session timeout and more on a busy machine: wait for
+        # it past lag_s if need be, then let the leader acknowledge alone a while, as what it takes then is what
+        # the election loses.
+        out_of_sync = _wait(shrunk, self.lag_s + SHRINK_TIMEOUT_S)
+        time.sleep(max(ALONE_S, self.lag_s - (time.monotonic() - began)))
+        cluster.stop_node(leader, kill=True)
+        cluster.resume_nodes()
+        elected = _wait(lambda: _served_without(cluster, stage, leader), max(60.0, self.restart_after_s))
+        return Step(
+            f"node {follower} frozen {self.lag_s:g} s (out of the ISR of the {len(exposed)} partitions it alone "
+            f"followed for node {leader} after {out_of_sync:.1f} s), then node {leader} killed and node "
+            f"{follower} thawed; "
+            + (
+                f"every partition led again after {elected:.1f} s"
+                if math.isfinite(elected)
+                else "no new leader"
+            ),
+            {
+                "node": float(leader),
+                "follower": float(follower),
+                "led": float(led),
+                "at_risk": float(len(exposed)),
+                "isr_shrunk_s": out_of_sync,
+                "elected_s": elected,
+            },
+            outage_end_ms=_now_ms(),
+        )
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+#: How long past its lag an unclean election waits for the frozen follower to drop out of the ISR.
+SHRINK_TIMEOUT_S = 60.0
+#: How long at least the leader acknowledges alone before it is killed.
+ALONE_S = 5.0
+
+#: How long a node's replicas get to catch up after it is back before the figure says they never did.
+REPLICATED_TIMEOUT_S = 120.0
+
+
 def _broker(stage: Stage, kind: str) -> BrokerControl:
     if stage.broker is None:
         raise HarnessError(
@@ -578,6 +926,9 @@ KINDS: dict[str, type[Incident]] = {
         BrokerPause,
         BrokerRestart,
         BrokerDataLoss,
+        BrokerNodeKill,
+        BrokerNodeRestart,
+        UncleanElection,
         Load,
         Faults,
         SensorStorm,
@@ -631,6 +982,15 @@ class IncidentRecord:
     end_ms: int = 0
     notes: list[str] = field(default_factory=list)
     error: str | None = None
+    #: What its actions measured (``Step.figures``).
+    figures: dict[str, float] = field(default_factory=dict)
+    #: When its outage ended, if before ``end_ms`` (``Step.outage_end_ms``): recovery is measured from there.
+    outage_end_ms: int | None = None
+
+    @property
+    def window_end_ms(self) -> int:
+        """The end of the window recovery is measured from: the outage's end, else the incident's."""
+        return self.outage_end_ms or self.end_ms
 
 
 class Schedule(threading.Thread):
@@ -700,15 +1060,20 @@ class Schedule(threading.Thread):
         now_ms = int(time.time() * 1000)
         if step == "begin":
             record.start_ms = now_ms
-            note = self._guard(i, lambda: incident.begin(self.stage))
+            done = self._guard(i, lambda: incident.begin(self.stage))
         else:
-            note = self._guard(i, lambda: incident.end(self.stage))
+            done = self._guard(i, lambda: incident.end(self.stage))
             record.end_ms = int(time.time() * 1000)
-        if note:
-            record.notes.append(note)
-            self.on_event(f"incident {record.label}: {note}")
+        if isinstance(done, Step):
+            record.figures.update(done.figures)
+            if done.outage_end_ms is not None:
+                record.outage_end_ms = done.outage_end_ms
+            done = done.note
+        if done:
+            record.notes.append(done)
+            self.on_event(f"incident {record.label}: {done}")
 
-    def _guard(self, i: int, action: Callable[[], str | None]) -> str | None:
+    def _guard(self, i: int, action: Callable[[], str | Step | None]) -> str | Step | None:
         """Run one action; a failure is recorded on the incident, not raised into the run."""
         try:
             return action()

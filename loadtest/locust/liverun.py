@@ -122,6 +122,7 @@ class Run:
             self.profile,
             1.0,
             external=isinstance(session.pipeline, AttachedPipeline),
+            topic_prefix=self.prefix,
         )
         self._lock = threading.Lock()
         self.schedules: list[Schedule] = []

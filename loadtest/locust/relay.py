@@ -98,8 +98,9 @@ class FleetRelay:
 class LocustStage(RunStage):
     """``RunStage`` of a Locust run: load incidents return to the users' load, not to a fixed factor."""
 
-    def __init__(self, relay: FleetRelay, *args: Any, external: bool = False) -> None:
+    def __init__(self, relay: FleetRelay, *args: Any, external: bool = False, topic_prefix: str = "") -> None:
         super().__init__(relay, *args)
+        self._topic_prefix = topic_prefix
         self.relay = relay
         self.external = external
 

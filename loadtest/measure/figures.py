@@ -193,7 +193,7 @@ def incident_results(outcome: Outcome, samples: pd.DataFrame, e2e: pd.DataFrame)
     for record in outcome.incidents:
         if not record.start_ms:
             continue  # the run ended before the incident's time
-        window = Window(record.label, record.kind, record.start_ms, record.end_ms or record.start_ms)
+        window = Window(record.label, record.kind, record.start_ms, record.window_end_ms or record.start_ms)
         measured = measure(
             window,
             samples,
@@ -207,7 +207,11 @@ def incident_results(outcome: Outcome, samples: pd.DataFrame, e2e: pd.DataFrame)
             triggers = 1 + sum(1 for t in planned if window.end_ms <= t <= outcome.stopped.at_ms)
         out.append(
             dataclasses.replace(
-                measured, notes=list(record.notes), error=record.error, stop_triggers=triggers
+                measured,
+                notes=list(record.notes),
+                error=record.error,
+                stop_triggers=triggers,
+                figures=dict(record.figures),
             )
         )
     return out

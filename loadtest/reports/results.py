@@ -269,6 +269,8 @@ class IncidentResult:
     stop_message: str = ""
     notes: list[str] = field(default_factory=list)
     error: str | None = None
+    #: What the incident's own actions measured (a node's return, leadership moving; NaN: never happened).
+    figures: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

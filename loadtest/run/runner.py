@@ -15,8 +15,8 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +61,9 @@ class RunRequest:
     broker
         The local broker to start when ``kafka`` is None: ``kafka`` (one Apache Kafka node, the default) or
         ``kafka-3`` (three nodes; ``sotw.broker.BROKERS``).
+    broker_settings
+        ``server.properties`` settings for every node of that local broker, after sotw's own (a cluster set
+        up for an unclean election, say).
     broker_commands
         How to stop, start, freeze and thaw the broker of a cluster given with ``kafka``, for incidents.
     job
@@ -76,6 +79,7 @@ class RunRequest:
     command: str = ""
     incidents: tuple[Incident, ...] = ()
     broker: str = "kafka"
+    broker_settings: Mapping[str, str] = field(default_factory=dict)
     broker_commands: BrokerCommands | None = None
     job: JobSpec | None = None
 
@@ -123,7 +127,11 @@ def execute(request: RunRequest, stop: threading.Event | None = None, progress: 
         control: BrokerControl | None
         if request.kafka is None:
             progress(f"starting the local broker ({request.broker})")
-            broker = stack.enter_context(local_broker(request.broker, log_path=run_dir / "broker.log"))
+            broker = stack.enter_context(
+                local_broker(
+                    request.broker, log_path=run_dir / "broker.log", overrides=request.broker_settings
+                )
+            )
             kafka = KafkaConfig(broker.bootstrap)
             broker_pids: Callable[[], list[int] | None] = lambda: list(broker.pids.values()) or None  # noqa: E731
             control = LocalControl(broker)
@@ -181,7 +189,7 @@ def _run(
         run_dir / "samples.jsonl",
         phase=lambda: clock.current,
     )
-    stage = RunStage(simulator, pipe, control, profile, request.load_factor)
+    stage = RunStage(simulator, pipe, control, profile, request.load_factor, topic_prefix=prefix)
     schedule = Schedule(request.all_incidents, stage, progress)
     sim_stop = threading.Event()
     announce = {

@@ -14,28 +14,82 @@ import shlex
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from loadtest.errors import HarnessError
-from loadtest.gameday.incidents import BrokerControl
+from loadtest.gameday.incidents import BrokerControl, ClusterControl
 from loadtest.run.cluster import LocalWorkers
 from loadtest.run.processes import PipelineProcess
 from loadtest.run.profile import PipelineSettings, Profile
 from simulator.config import FaultConfig
-from sotw.broker import LocalBroker
+from sotw.broker import LocalBroker, PartitionState
 from sotw.errors import SotwError
 
 log = logging.getLogger(__name__)
 
 
 class LocalControl:
-    """``BrokerControl`` over a broker the harness started (``sotw.broker.local_broker``)."""
+    """``BrokerControl`` over a broker the harness started (``sotw.broker.local_broker``).
+
+    For a broker of several nodes it is the ``ClusterControl`` of node incidents too.
+    """
 
     def __init__(self, broker: LocalBroker) -> None:
         self.broker = broker
+
+    @property
+    def cluster(self) -> ClusterControl | None:
+        """Itself when the broker has several nodes."""
+        return self if len(self.broker.node_ids) > 1 else None
+
+    @property
+    def node_ids(self) -> list[int]:
+        """The nodes' ids."""
+        return self.broker.node_ids
+
+    def partitions(self) -> list[PartitionState]:
+        """Every partition but the internal topics', as the metadata shows it now."""
+        return self.broker.partitions()
+
+    def under_replicated(self) -> int:
+        """Partitions of every topic with fewer replicas in sync than assigned."""
+        return len(self.broker.under_replicated())
+
+    @property
+    def down_nodes(self) -> list[int]:
+        """Nodes stopped by an incident and not started again."""
+        return self.broker.down_nodes
+
+    def stop_node(self, node: int, kill: bool) -> None:
+        """Stop one node (SIGKILL with ``kill``, else a controlled shutdown)."""
+        self._act(lambda: self.broker.stop_node(node, kill=kill))
+
+    def start_node(self, node: int) -> None:
+        """Start a stopped node; return once it serves."""
+        self._act(lambda: self.broker.start_node(node))
+
+    def pause_node(self, node: int) -> None:
+        """SIGSTOP one node."""
+        self._act(lambda: self.broker.pause(node))
+
+    def resume_nodes(self) -> None:
+        """SIGCONT every frozen node."""
+        self.broker.resume()
+
+    def restore(self) -> None:
+        """Thaw what is frozen, start what is stopped."""
+        self.broker.resume()
+        if self.broker.down_nodes:
+            self._act(lambda: self.broker.start_node(None))
+
+    def _act(self, action: Callable[[], None]) -> None:
+        try:
+            action()
+        except SotwError as exc:
+            raise HarnessError(str(exc)) from None
 
     def pause(self) -> None:
         """SIGSTOP the broker."""
@@ -68,6 +122,11 @@ class CommandControl:
 
     def __init__(self, commands: BrokerCommands) -> None:
         self.commands = commands
+
+    @property
+    def cluster(self) -> ClusterControl | None:
+        """None: single nodes of a cluster given by commands are out of reach."""
+        return None
 
     def _run(self, which: str) -> None:
         text = getattr(self.commands, which)
@@ -131,6 +190,8 @@ class RunStage:
         The broker's controls, or None when the run cannot touch its broker.
     profile, load_factor
         What the run was asked for: incidents return to its load and fault rates.
+    topic_prefix
+        The prefix of the run's topics (node incidents choose a node by the run's partitions).
     """
 
     def __init__(
@@ -140,12 +201,14 @@ class RunStage:
         broker: BrokerControl | None,
         profile: Profile,
         load_factor: float,
+        topic_prefix: str = "",
     ) -> None:
         self.simulator = simulator
         self.pipeline = pipeline
         self._broker = broker
         self.profile = profile
         self.load_factor = load_factor
+        self._topic_prefix = topic_prefix
         self.pipeline_down_on_purpose = False
         self._hogs: list[subprocess.Popen[bytes]] = []
         self._spark: LocalWorkers | None = None
@@ -159,6 +222,11 @@ class RunStage:
     def checkpoint(self) -> Path:
         """The pipeline's checkpoint."""
         return self.pipeline.config.checkpoint
+
+    @property
+    def topic_prefix(self) -> str:
+        """The prefix of the run's topics."""
+        return self._topic_prefix
 
     @property
     def base_load_factor(self) -> float:

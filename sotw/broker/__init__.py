@@ -7,7 +7,7 @@ does to clients.
 """
 
 from sotw.broker.config import KafkaBrokerConfig
-from sotw.broker.kafka import KafkaBroker
+from sotw.broker.kafka import KafkaBroker, PartitionState
 from sotw.broker.local import BROKERS, LocalBroker, local_broker
 from sotw.broker.net import free_port, port_in_use, wait_for_kafka
 from sotw.outage import Outage
@@ -18,6 +18,7 @@ __all__ = [
     "KafkaBrokerConfig",
     "LocalBroker",
     "Outage",
+    "PartitionState",
     "free_port",
     "local_broker",
     "port_in_use",

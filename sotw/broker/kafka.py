@@ -60,6 +60,22 @@ def log_tail(path: Path, lines: int = LOG_TAIL) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
+@dataclass(frozen=True, order=True)
+class PartitionState:
+    """One partition as the cluster's metadata shows it: its leader (-1: none), replicas and those in sync."""
+
+    topic: str
+    partition: int
+    leader: int
+    replicas: tuple[int, ...]
+    isr: tuple[int, ...]
+
+    @property
+    def under_replicated(self) -> bool:
+        """Fewer replicas in sync than assigned."""
+        return len(self.isr) < len(self.replicas)
+
+
 @dataclass
 class _Node:
     """One node's files, ports and process (None while it is down)."""
@@ -172,6 +188,11 @@ class KafkaBroker(contextlib.AbstractContextManager["KafkaBroker"]):
     def paused(self) -> bool:
         """True between ``pause`` and ``resume``."""
         return self._paused_ms is not None
+
+    @property
+    def down_nodes(self) -> list[int]:
+        """Nodes stopped on purpose (``stop_node``, ``kill_node``) and not started again."""
+        return [n.id for n in self._nodes.values() if n.down_on_purpose and not n.alive()]
 
     def log_path(self, node: int = 1) -> Path:
         """Where ``node``'s output goes."""
@@ -546,19 +567,26 @@ class KafkaBroker(contextlib.AbstractContextManager["KafkaBroker"]):
                 self._admin = AdminClient({"bootstrap.servers": listen, "log_level": 0})
             return self._admin
 
-    def _partitions(self, topics: Iterable[str] | None) -> list[Any]:
+    def partitions(self, topics: Iterable[str] | None = None) -> list[PartitionState]:
+        """Every partition of ``topics`` (all but the internal ones by default) as the metadata shows it now.
+
+        Raises
+        ------
+        confluent_kafka.KafkaException
+            If no node answers within 10 s.
+        """
         meta = self.admin().list_topics(timeout=10)
         wanted = None if topics is None else set(topics)
-        return [
-            p
+        return sorted(
+            PartitionState(name, p.id, p.leader, tuple(p.replicas), tuple(p.isrs))
             for name, t in meta.topics.items()
             if (wanted is None and not name.startswith("__")) or (wanted is not None and name in wanted)
             for p in t.partitions.values()
-        ]
+        )
 
     def leader_counts(self, topics: Iterable[str] | None = None) -> dict[int, int]:
         """How many partitions of ``topics`` (all but the internal ones by default) each node leads."""
-        counts = Counter(p.leader for p in self._partitions(topics) if p.leader >= 0)
+        counts = Counter(p.leader for p in self.partitions(topics) if p.leader >= 0)
         return {n: counts.get(n, 0) for n in self.node_ids}
 
     def busiest_leader(self, topics: Iterable[str] | None = None) -> int:
@@ -567,7 +595,7 @@ class KafkaBroker(contextlib.AbstractContextManager["KafkaBroker"]):
         return max(sorted(counts), key=lambda n: counts[n])
 
     def under_replicated(self, topics: Iterable[str] | None = None) -> list[tuple[str, int]]:
-        """Partitions of ``topics`` (every topic by default) with fewer replicas in sync than assigned."""
+        """Partitions of ``topics`` with fewer replicas in sync than assigned (by default of every topic)."""
         meta = self.admin().list_topics(timeout=10)
         wanted = None if topics is None else set(topics)
         return sorted(

@@ -7,12 +7,16 @@ methods.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Protocol, Self
+from typing import TYPE_CHECKING, Protocol, Self
 
 from sotw.errors import BrokerError
 from sotw.outage import Outage
+
+if TYPE_CHECKING:
+    from sotw.broker.kafka import PartitionState
 
 #: The local brokers by name (the default first) and their node counts.
 BROKERS = ("kafka", "kafka-3")
@@ -44,17 +48,37 @@ class LocalBroker(Protocol):
     def outages(self) -> list[Outage]:
         """Every finished incident, oldest first."""
 
+    @property
+    def node_ids(self) -> list[int]:
+        """The nodes' ids (``[1]`` for one node)."""
+
+    @property
+    def down_nodes(self) -> list[int]:
+        """Nodes stopped on purpose and not started again."""
+
     def check_alive(self) -> None:
         """Raise ``BrokerError`` if the broker is gone."""
 
-    def pause(self) -> None:
-        """SIGSTOP the broker."""
+    def pause(self, node: int | None = None) -> None:
+        """SIGSTOP the broker (every node, or one)."""
 
     def resume(self) -> Outage | None:
         """SIGCONT it; the pause as an ``Outage``."""
 
     def restart(self, downtime_s: float = 0.0, kill: bool = False, lose_data: bool = False) -> Outage:
         """Stop and start it again; the restart as an ``Outage``."""
+
+    def stop_node(self, node: int | None = None, kill: bool = False) -> None:
+        """Stop one node (SIGTERM, or SIGKILL with ``kill``) until ``start_node``."""
+
+    def start_node(self, node: int | None = None, lose_data: bool = False) -> None:
+        """Start a stopped node (or every stopped one) and wait until it serves."""
+
+    def partitions(self, topics: Iterable[str] | None = None) -> list[PartitionState]:
+        """Every partition of ``topics`` as the cluster's metadata shows it now."""
+
+    def under_replicated(self, topics: Iterable[str] | None = None) -> list[tuple[str, int]]:
+        """Partitions of ``topics`` (every topic by default) with fewer replicas in sync than assigned."""
 
     def start(self) -> Self:
         """Start it and wait until it answers."""
@@ -85,7 +109,12 @@ def check_broker(name: str) -> str:
     raise BrokerError(f"broker must be one of {', '.join(BROKERS)}, got {name!r}{hint}")
 
 
-def local_broker(name: str = "kafka", log_path: Path | None = None, proxied: bool = False) -> LocalBroker:
+def local_broker(
+    name: str = "kafka",
+    log_path: Path | None = None,
+    proxied: bool = False,
+    overrides: Mapping[str, str] | None = None,
+) -> LocalBroker:
     """The broker ``name`` (not started yet: use it as a context manager, or call ``start``).
 
     Parameters
@@ -96,7 +125,11 @@ def local_broker(name: str = "kafka", log_path: Path | None = None, proxied: boo
         Where the broker's output goes (per node ``<stem>-N<suffix>`` for a cluster).
     proxied
         Clients reach each node through a ``sotw.proxy.TcpProxy`` (network incidents).
+    overrides
+        ``server.properties`` settings for every node, after sotw's own (a drill's ``broker_settings``).
     """
     from sotw.broker.kafka import KafkaBroker
 
-    return KafkaBroker(nodes=_NODES[check_broker(name)], log_path=log_path, proxied=proxied)
+    return KafkaBroker(
+        nodes=_NODES[check_broker(name)], log_path=log_path, proxied=proxied, overrides=dict(overrides or {})
+    )

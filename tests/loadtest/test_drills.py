@@ -123,17 +123,19 @@ def test_every_incident_kind_but_data_loss_is_ridden_out_with_nothing_lost_or_re
 
 
 @pytest.mark.slow
-def test_a_broker_restarted_mid_run_loses_nothing(tmp_path: Path):
+@pytest.mark.parametrize("load", ["1x", "10x"])  # broker-restart and broker-restart-10x
+def test_a_broker_restarted_mid_run_loses_nothing(tmp_path: Path, load: str):
     results = run_drill(
         drill(
-            """
+            f"""
 [drill]
 description = "the broker restarts mid-run"
 profile = "smoke"
+load = "{load}"
 # Longer than the outage (3 s down, then Kafka's stop and start): the smoke profile's 8 s would close every
 # open session while the broker is away, and their later rows would count as lost.
-pipeline = { session_timeout = "30s" }
-run = { warmup_s = 3, steady_s = 40, max_lag_s = 600, drain_max_s = 300 }
+pipeline = {{ session_timeout = "30s" }}
+run = {{ warmup_s = 3, steady_s = 40, max_lag_s = 600, drain_max_s = 300 }}
 [[incidents]]
 kind = "broker_restart"
 at_s = 5

@@ -37,6 +37,18 @@ def kinds(result: Correctness) -> set[str]:
     return set(result.discrepancy_counts)
 
 
+def pipelines(result: Correctness) -> list[tuple[str, int | None]]:
+    """The discrepancies but ``broker_lost`` (what the broker gave away is not the output's fault)."""
+    return [(d.kind, d.seq) for d in result.discrepancies if d.kind != "broker_lost"]
+
+
+def broker_lost(result: Correctness) -> list[int | None]:
+    """The seqs reported as acknowledged and then given away by the broker, each blamed on the broker."""
+    lost = [d for d in result.discrepancies if d.kind == "broker_lost"]
+    assert all(d.triage is not None and d.triage.layer == "broker" for d in lost)
+    return sorted(d.seq for d in lost)
+
+
 def clean_output(spec: SessionSpec) -> Output:
     return Output().apply(spec, *range(6)).session(spec, "ok")
 
@@ -118,7 +130,78 @@ def test_a_broker_that_lost_its_data_numbers_later_copies_from_zero_and_they_sti
             row["offset"] -= 44
             row["acked_ts"] += 60_000
     result = check(tmp_path, Policy("strict"), ledger, [spec], clean_output(spec))
-    assert result.passed, result.discrepancies
+    assert pipelines(result) == []
+    # The pipeline had read seqs 0-3 before, but the broker no longer has them: the ledger says so.
+    assert broker_lost(result) == [0, 1, 2, 3]
+
+
+def test_an_unclean_election_loses_what_was_acknowledged_at_or_above_where_the_new_leader_numbers_on(
+    tmp_path: Path,
+) -> None:
+    # Seqs 0-4 acknowledged at offsets 40-44; the new leader's log ended at 42, so seqs 5-6 became 42-43.
+    spec = SessionSpec()
+    ledger = _reset_after(ledger_rows(spec, CLEAN, first_offset=40), 5, 3)
+    result = check(tmp_path, Policy("ordered"), ledger, [spec], clean_output(spec))
+    assert pipelines(result) == []
+    assert broker_lost(result) == [2, 3, 4]
+    assert "offsets later started again at 42" in result.discrepancies[0].detail
+
+
+def test_records_the_new_leader_numbered_over_offsets_a_reader_had_passed_are_lost_by_the_broker(
+    tmp_path: Path,
+) -> None:
+    # The pipeline had read to offset 44 when the new leader, its log ending at 42, numbered seqs 5-6 at 42-43:
+    # a reader past them never sees them. Triage blames the broker, not the pipeline that did not read them.
+    spec = SessionSpec()
+    ledger = _reset_after(ledger_rows(spec, CLEAN, first_offset=40), 5, 3)
+    read_to_44 = Output().apply(spec, 0, 1, 2, 3, 4).session(spec, "ok")
+    result = check(tmp_path, Policy("ordered"), ledger, [spec], read_to_44)
+    lost = {d.seq: d.triage for d in result.discrepancies if d.kind == "lost_row"}
+    assert sorted(lost) == [5]  # seq 6 is the session's end; the ordered policy's change rows stop at 5
+    assert all(t is not None and t.layer == "broker" for t in lost.values())
+    assert result.blame.get("pipeline", 0) == 0, result.discrepancies
+
+
+def _reset_after(ledger: list, seq: int, drop: int) -> list:
+    """The broker lost its data before ``seq``: from it on, offsets are ``drop`` lower and acknowledged later."""
+    for row in ledger:
+        if row["seq"] >= seq:
+            row["offset"] -= drop
+            row["acked_ts"] += 60_000
+    return ledger
+
+
+def test_a_pipeline_that_stopped_on_the_brokers_data_loss_need_not_have_read_what_came_after(
+    tmp_path: Path,
+) -> None:
+    # Seqs 0-3 at offsets 40-43 were read; the broker lost its data and numbered seqs 4-6 from 0 again. A
+    # pipeline that stops on data loss (failOnDataLoss) stops before it reads on: no more rows, no record.
+    spec = SessionSpec()
+    ledger = _reset_after(ledger_rows(spec, CLEAN, first_offset=40), 4, 44)
+    read_before_the_loss = Output().apply(spec, 0, 1, 2, 3)
+    result = check(tmp_path, Policy("strict"), ledger, [spec], read_before_the_loss, stopped=True)
+    assert pipelines(result) == [] and broker_lost(result) == [0, 1, 2, 3]
+    # Without the stop, everything the broker acknowledged after its return was the pipeline's to write.
+    kept_on = check(tmp_path / "again", Policy("strict"), ledger, [spec], read_before_the_loss, stopped=False)
+    assert kept_on.rows_lost == 2 and "missing_session" in kinds(kept_on)
+
+
+def test_a_stop_on_data_loss_still_requires_what_was_acknowledged_before_it(tmp_path: Path) -> None:
+    spec = SessionSpec()
+    ledger = _reset_after(ledger_rows(spec, CLEAN, first_offset=40), 4, 44)
+    lost_seq_2 = Output().apply(spec, 0, 1, 3)
+    result = check(tmp_path, Policy("strict"), ledger, [spec], lost_seq_2, stopped=True)
+    assert pipelines(result) == [("lost_row", 2)]
+    assert broker_lost(result) == [0, 1, 3]  # seq 2 is counted once, as lost
+
+
+def test_a_session_that_began_after_the_loss_in_the_same_partition_counts_as_after_it(tmp_path: Path) -> None:
+    # The partition's offsets went from 46 back to 0 between the two sessions: the second session's own
+    # copies never go down, but they were all acknowledged after the loss.
+    before, after = SessionSpec("s1"), SessionSpec("s2")
+    ledger = ledger_rows(before, CLEAN, first_offset=40) + _reset_after(ledger_rows(after, CLEAN), 0, 0)
+    result = check(tmp_path, Policy("strict"), ledger, [before, after], clean_output(before), stopped=True)
+    assert pipelines(result) == []
 
 
 def test_strict_missed_gap_fails_for_applying_past_it_and_not_stopping(tmp_path: Path) -> None:
