@@ -39,7 +39,8 @@ from pathlib import Path
 from typing import Any
 
 from loadtest.errors import HarnessError
-from loadtest.gameday.incidents import Incident, incident_from_mapping
+from loadtest.gameday.incident import Incident
+from loadtest.gameday.incidents import incident_from_mapping
 from loadtest.reports.results import Correctness, DrillCheck, DrillScore, IncidentResult
 from sotw.broker.local import check_broker
 from sotw.errors import BrokerError

@@ -19,7 +19,8 @@ from loadtest.correctness.triage import Triager
 from loadtest.correctness.values import read_snapshots
 from loadtest.correctness.verify import verify
 from loadtest.errors import HarnessError
-from loadtest.gameday.incidents import Incident, IncidentRecord, Schedule, incident_from_mapping
+from loadtest.gameday.incident import Incident
+from loadtest.gameday.incidents import IncidentRecord, Schedule, incident_from_mapping
 from loadtest.gameday.recovery import Stop
 from loadtest.locust.headless import CORRECTNESS_COUNTS
 from loadtest.locust.relay import FleetRelay, LocustStage

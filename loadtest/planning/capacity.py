@@ -31,7 +31,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from loadtest.errors import HarnessError
-from loadtest.gameday.incidents import Incident, Stage
+from loadtest.gameday.incident import Incident, Stage
 from loadtest.measure.figures import BATCH_STEP
 from loadtest.reports.results import Capacity, CapacityStep, Results
 from loadtest.run.job import JobSpec

@@ -15,7 +15,7 @@ from typing import Any
 
 from loadtest.correctness.outputspec import FULL_DATASETS, OutputSpec
 from loadtest.errors import HarnessError
-from loadtest.gameday.incidents import Incident
+from loadtest.gameday.incident import Incident
 from loadtest.measure.lag import CheckpointLag, GroupLag, KafkaLagProbe, LagSource
 from loadtest.measure.outputs import (
     CheckpointProbe,

@@ -36,7 +36,8 @@ from typing import Any
 
 from loadtest.correctness.policies import Policy
 from loadtest.errors import HarnessError
-from loadtest.gameday.incidents import Incident, incident_from_mapping
+from loadtest.gameday.incident import Incident
+from loadtest.gameday.incidents import incident_from_mapping
 from pipeline.config import SOURCES, parse_trigger
 from pipeline.errors import ConfigError
 from pipeline.policies import PolicyConfig

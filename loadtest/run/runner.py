@@ -22,7 +22,8 @@ from typing import Any
 
 from loadtest.correctness.verify import verify_run
 from loadtest.errors import HarnessError
-from loadtest.gameday.incidents import BrokerControl, Incident, Schedule
+from loadtest.gameday.incident import BrokerControl, Incident
+from loadtest.gameday.incidents import Schedule
 from loadtest.measure import figures
 from loadtest.measure.figures import Outcome
 from loadtest.measure.samplers import ResourceProbe, Sampler, ThreadCpuProbe

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from loadtest.errors import HarnessError
-from loadtest.gameday.incidents import BrokerControl, ClusterControl
+from loadtest.gameday.incident import BrokerControl, ClusterControl
 from loadtest.run.cluster import LocalWorkers
 from loadtest.run.processes import PipelineProcess
 from loadtest.run.profile import PipelineSettings, Profile

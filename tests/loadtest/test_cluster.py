@@ -12,7 +12,7 @@ import time
 import psutil
 import pytest
 
-from loadtest.gameday.incidents import WorkerKill
+from loadtest.gameday.pipeline_incidents import WorkerKill
 from loadtest.run.cluster import ClusterConfig, LocalWorkers, StandaloneCluster
 from loadtest.run.profile import load_profile
 from loadtest.run.runner import RunRequest, execute
