@@ -56,12 +56,21 @@ def still_running(pids: set[int], timeout: float = 5.0) -> set[int]:
         time.sleep(0.1)
 
 
-def listening(port: int) -> bool:
-    """Whether any process listens on ``port`` (a connect test could meet a TCP self-connection instead)."""
-    return any(
-        c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN
-        for c in psutil.net_connections("tcp")
-    )
+def listening(port: int, timeout: float = 5.0) -> bool:
+    """Whether any process still listens on ``port`` after waiting up to ``timeout`` seconds for it to stop.
+
+    A killed JVM's main thread shows as a zombie while its other threads are still exiting and holding the
+    sockets, so the port is polled rather than read once. (A connect test could meet a TCP self-connection.)
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        held = any(
+            c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN
+            for c in psutil.net_connections("tcp")
+        )
+        if not held or time.monotonic() > deadline:
+            return held
+        time.sleep(0.1)
 
 
 def java_processes() -> set[int]:
