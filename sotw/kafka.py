@@ -193,6 +193,36 @@ class EndOffsets:
             except (RuntimeError, TimeoutError) as exc:
                 raise BrokerError(f"could not read offsets from the broker: {exc}") from None
 
+    def first_at(self, partition: tuple[str, int], timestamp_ms: int) -> int:
+        """The first offset of ``partition`` whose record's timestamp is at or after ``timestamp_ms``.
+
+        Returns the partition's end when no record is that recent (Kafka answers -1 for that).
+
+        Raises
+        ------
+        BrokerError
+            If the broker does not answer within the timeout.
+        """
+        from confluent_kafka.admin import OffsetSpec
+
+        tp = TopicPartition(*partition)
+        try:
+            future = self.admin.list_offsets(
+                {tp: OffsetSpec.for_timestamp(int(timestamp_ms))},
+                isolation_level=self._isolation,
+                request_timeout=self._timeout,
+            )[tp]
+            offset = future.result(timeout=self._timeout).offset
+        except (KafkaException, RuntimeError, TimeoutError) as exc:
+            raise BrokerError(f"could not read offsets from the broker: {exc}") from None
+        if offset == -1:
+            return self([partition])[partition][1]
+        if offset < 0:
+            raise BrokerError(
+                f"could not read offsets from the broker: no answer for {partition[0]}/{partition[1]}"
+            )
+        return int(offset)
+
 
 def ensure_topics(config: KafkaConfig, topics: Mapping[str, int], timeout: float = 10.0) -> None:
     """Create each topic with the given partition count; topics that already exist are left as they are."""

@@ -80,6 +80,22 @@ def java_processes() -> set[int]:
 # ---- the session's broker: what every test stands on ----------------------------------------------------
 
 
+def test_the_first_offset_written_since_a_time_is_found_and_a_time_after_every_record_gives_the_end(
+    kafka: KafkaConfig, unique_prefix
+):
+    topic = unique_prefix() + "0001"
+    ensure_topics(kafka, {topic: 1})
+    producer = Producer(kafka.client())
+    base = int(time.time() * 1000) - 60_000
+    for i in range(10):  # five records a minute ago, five made 30 s later
+        producer.produce(topic, value=b"%d" % i, partition=0, timestamp=base + (30_000 if i >= 5 else i))
+    assert producer.flush(10) == 0
+    ends = EndOffsets(kafka)
+    assert ends.first_at((topic, 0), base + 10_000) == 5
+    assert ends.first_at((topic, 0), base) == 0
+    assert ends.first_at((topic, 0), base + 40_000) == 10
+
+
 def test_end_offsets_see_the_last_record_of_the_last_batch(kafka: KafkaConfig, unique_prefix):
     topic = unique_prefix() + "0001"
     ensure_topics(kafka, {topic: 1})

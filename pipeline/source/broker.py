@@ -112,6 +112,14 @@ class OffsetReader:
                 continue
         return out
 
+    def first_since(self, tp: TP, timestamp_ms: int) -> int | None:
+        """The first offset of ``tp`` written at or after ``timestamp_ms``; None if the broker cannot say."""
+        try:
+            return self._ends.first_at(tp, timestamp_ms)
+        except BrokerError as exc:
+            log.warning("could not find where %s/%d diverged: %s", tp[0], tp[1], exc)
+            return None
+
 
 GONE = "gone"
 """``partition_state``: the listing positively says the topic or partition no longer exists."""

@@ -17,6 +17,8 @@ A broker that does not answer is an outage, never data loss: only an answer prov
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from pipeline.errors import PipelineError
@@ -25,6 +27,10 @@ from pipeline.source.offsets import TP
 from pipeline.source.options import SourceOptions
 
 log = logging.getLogger(__name__)
+
+DIVERGENCE_MARGIN_MS = 2000
+"""How far before the last look a truncated partition is read on from: a record made just before the look
+(its timestamp is the producer's) may reach the new leader only after it, as a retry."""
 
 
 class DataLossError(PipelineError):
@@ -71,19 +77,28 @@ class LossDetector:
     ----------
     fail
         ``failOnDataLoss``: stop at lost data rather than warn.
+    first_since
+        ``(tp, timestamp_ms) -> offset``: the first offset of a partition written at or after a time, or None
+        if the broker cannot say (``OffsetReader.first_since``); it finds where a truncated log parts from
+        what the query read. Without it such a partition is read again from its earliest offset.
     """
 
-    def __init__(self, fail: bool) -> None:
+    def __init__(self, fail: bool, first_since: Callable[[TP, int], int | None] | None = None) -> None:
         self.fail = fail
+        self._first_since = first_since
         self._seen_end: dict[TP, int] = {}
+        # When each partition was last listed (wall-clock ms): records written after it are new to the query.
+        self._seen_at: dict[TP, int] = {}
         # Partitions that disappeared after the query had read them to the end, and where it was: if one comes
         # back starting below that, it was reset (recreated, or a broker that lost its data) while running.
         self._left_at: dict[TP, int] = {}
 
     def remember(self, view: BrokerView) -> None:
         """Keep the end of every partition ``view`` lists, for the next trigger's judgement."""
+        now = int(time.time() * 1000)
         for tp, (_, end) in view.available.items():
             self._seen_end[tp] = end
+            self._seen_at[tp] = now
 
     def resume(self, begin: dict[TP, int], view: BrokerView) -> tuple[dict[TP, int], dict[TP, int]]:
         """Where each partition's next batch ends and where its read really begins, reporting what is lost.
@@ -111,14 +126,16 @@ class LossDetector:
                 continue
             low, stop = view.available[tp]
             if stop < pos:
-                # The partition now ends before our position: it was recreated or the broker lost its data.
-                # Records acknowledged after the last look may be gone too, so, as in Spark, it is data loss.
+                # The partition now ends before our position: its log was truncated (an unclean leader
+                # election), recreated, or lost by the broker. What the query had seen beyond it is gone.
                 seen = self._seen_end.get(tp, pos)
+                begin_at = self._diverged(tp, low, stop)
                 report_data_loss(
                     fail, tp, pos, seen if seen > pos else None,
-                    f"the partition was reset and now ends at {stop}; it is read again from offset {low}",
+                    f"the partition was reset and now ends at {stop}; it is read on from offset {begin_at}, "
+                    "the first record written since the query last saw it",
                 )  # fmt: skip
-                end[tp], origin[tp] = stop, low
+                end[tp], origin[tp] = stop, begin_at
             elif low > pos:
                 report_data_loss(fail, tp, pos, low, "the broker deleted them (retention or reset)")
                 end[tp], origin[tp] = stop, low
@@ -136,6 +153,23 @@ class LossDetector:
                 log.info("new partition %s/%d: reading from offset %d", tp[0], tp[1], low)
                 end[tp], origin[tp] = stop, low
         return end, origin
+
+    def _diverged(self, tp: TP, low: int, stop: int) -> int:
+        """Where the truncated log of ``tp`` parts from what the query read: the first record since the last look.
+
+        That is the first record written since the last look that still saw the query's position (less
+        ``DIVERGENCE_MARGIN_MS``). The records below it are the ones the query has read already: after an unclean leader election they
+        are the new leader's copy of the old log, written at least ``replica.lag.time.max.ms`` before the
+        election (the follower had fallen that far behind to leave the in-sync replicas). Reading from the
+        earliest offset instead would repeat every row of them; reading from the new end would miss the
+        records written since the election. A recreated topic or a broker that lost its data holds only
+        new records, and they are all read. If the broker cannot say, the partition is read from ``low``.
+        """
+        seen_at = self._seen_at.get(tp)
+        if self._first_since is None or seen_at is None:
+            return low
+        found = self._first_since(tp, seen_at - DIVERGENCE_MARGIN_MS)
+        return low if found is None else max(low, min(found, stop))
 
     def _vanished(self, tp: TP, pos: int) -> None:
         """The listing says ``tp`` is gone while the query was at ``pos``: loss if it had not been read to its end."""

@@ -96,7 +96,11 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: SourceOptions) -> None:
         self._opts = options
         self._broker: OffsetReader | None = None
-        self._losses = LossDetector(options.fail_on_data_loss)
+        self._losses = LossDetector(
+            options.fail_on_data_loss, first_since=lambda tp, ms: self.broker.first_since(tp, ms)
+        )
+        # Where each partition found shorter than the query's position at the last trigger is read on from.
+        self._read_on_from: dict[TP, int] = {}
         self._latest: dict[TP, int] = {}
         self._available_now = False
         self._target: dict[TP, int] | None = None
@@ -170,6 +174,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._unreachable_since = None
         # Where each partition's read begins and ends; what is gone since the last trigger is data loss.
         end, origin = self._losses.resume(begin, view)
+        self._read_on_from = {tp: origin[tp] for tp, stop in end.items() if tp in begin and stop < begin[tp]}
         self._remember(view)
         # Keep latest offsets of partitions we carried forward, so the lag does not drop them.
         for tp in end:
@@ -222,7 +227,11 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """Pack the batch's offset ranges into ``minPartitions`` (default 2) tasks."""
         begin, stop = offsets_from_json(start), offsets_from_json(end)
         need_low = [tp for tp, e in stop.items() if tp not in begin or e < begin[tp]]
-        lows = self.broker.lows(need_low) if need_low else {}
+        # A truncated partition goes on from where its log diverged (``LossDetector``); after a restart,
+        # when that is no longer known, from its earliest offset.
+        known = {tp: self._read_on_from[tp] for tp in need_low if tp in self._read_on_from}
+        ask = [tp for tp in need_low if tp not in known]
+        lows = (self.broker.lows(ask) if ask else {}) | known
         return plan_partitions(self._opts, begin, stop, lows)
 
     def read(self, partition: InputPartition) -> Iterator[Any]:

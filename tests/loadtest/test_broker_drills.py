@@ -140,12 +140,6 @@ def test_an_unclean_election_under_strict_stops_naming_the_partition_and_triage_
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    reason="when the reader had passed the new leader's end, pipeline/source.py takes the shorter partition for a "
-    "reset and reads it again from its earliest offset: rows it had written are repeated (it should go on from "
-    "where the logs diverge)",
-    strict=False,
-)
 def test_an_unclean_election_under_ordered_goes_on_and_the_ledger_shows_what_the_broker_gave_away(
     tmp_path: Path,
 ):

@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import logging
+import time
 
 import pytest
 
 from pipeline.source import DataLossError, SourceOptions, SourceTimeoutError
 from pipeline.source.broker import GONE, UNKNOWN, BrokerView
-from pipeline.source.dataloss import FINISH, WAIT, LossDetector, StallVerdict, judge_stall
+from pipeline.source.dataloss import (
+    DIVERGENCE_MARGIN_MS,
+    FINISH,
+    WAIT,
+    LossDetector,
+    StallVerdict,
+    judge_stall,
+)
 
 TP = ("sensor-7", 0)
 
@@ -78,6 +86,29 @@ def test_a_partition_reset_under_the_query_is_loss_of_what_it_had_seen_and_not_r
     detector.remember(view({TP: (0, 500)}))
     with pytest.raises(DataLossError, match=r"offsets \[300, 500\) .* reset and now ends at 20"):
         detector.resume({TP: 300}, view({TP: (0, 20)}))
+
+
+def test_a_truncated_partition_is_read_on_from_its_first_record_since_the_last_look_not_from_its_start() -> (
+    None
+):
+    asked: list[tuple[tuple[str, int], int]] = []
+
+    def first_since(tp: tuple[str, int], ms: int) -> int:
+        asked.append((tp, ms))
+        return 260  # the new leader's log parts from the old one here
+
+    detector = LossDetector(fail=False, first_since=first_since)
+    detector.remember(view({TP: (0, 500)}))
+    end, origin = detector.resume({TP: 300}, view({TP: (0, 280)}))
+    assert end == {TP: 280} and origin == {TP: 260}
+    ((tp, ms),) = asked
+    assert tp == TP and abs(ms - (time.time() * 1000 - DIVERGENCE_MARGIN_MS)) < 5000
+
+
+def test_a_truncated_partition_the_broker_cannot_place_is_read_again_from_its_earliest_offset() -> None:
+    detector = LossDetector(fail=False, first_since=lambda tp, ms: None)
+    detector.remember(view({TP: (40, 500)}))
+    assert detector.resume({TP: 300}, view({TP: (40, 280)})) == ({TP: 280}, {TP: 40})
 
 
 def test_a_partition_that_vanished_after_it_was_read_and_came_back_lower_is_loss_from_where_it_was() -> None:
