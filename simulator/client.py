@@ -99,9 +99,9 @@ class ClientProducer:
             raise SimulatorError(f"bad producer settings: {reason}") from None
         self._names: list[str] = []
         self._handles: dict[str, int] = {}
-        self._rows: list[int] = []
-        self._offsets: list[int] = []
-        self._codes: list[int] = []
+        # One (row, offset, code) per report, appended whole: a Ctrl-C between three separate appends would
+        # leave the lists out of step, and every later report acknowledging the wrong row.
+        self._reports: list[tuple[int, int, int]] = []
 
     def _client(self) -> Producer:
         if self._producer is None:
@@ -117,14 +117,12 @@ class ClientProducer:
         return handle
 
     def _on_delivery(self, row: int, err: Any, msg: Any) -> None:
-        self._rows.append(row)
         if err is None:
             offset = msg.offset()
-            self._offsets.append(NO_OFFSET if offset is None or offset < 0 else offset)
-            self._codes.append(0)
+            report = (row, NO_OFFSET if offset is None or offset < 0 else offset, 0)
         else:
-            self._offsets.append(NO_OFFSET)
-            self._codes.append(int(err.code()))
+            report = (row, NO_OFFSET, int(err.code()))
+        self._reports.append(report)
 
     def produce(self, topic: int, partition: int, value: bytes, key: bytes, row: int) -> int:
         """Queue one message; return 0, or librdkafka's error code (``QUEUE_FULL``: poll and try again)."""
@@ -204,13 +202,9 @@ class ClientProducer:
 
     def take(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The reports served since the last ``take``: ledger rows, offsets, error codes (0: delivered)."""
-        out = (
-            np.array(self._rows, dtype=np.int64),
-            np.array(self._offsets, dtype=np.int64),
-            np.array(self._codes, dtype=np.int64),
-        )
-        self._rows, self._offsets, self._codes = [], [], []
-        return out
+        reports, self._reports = self._reports, []
+        table = np.array(reports, dtype=np.int64).reshape(-1, 3)
+        return table[:, 0].copy(), table[:, 1].copy(), table[:, 2].copy()
 
     def close(self) -> None:
         """Destroy the client (what is still queued is dropped: flush first). Safe to call twice."""
