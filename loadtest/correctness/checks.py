@@ -456,8 +456,13 @@ def check_broker_kept(exp: Expectation, tally: Tally) -> None:
         tally.add(
             "broker_lost",
             exp.sessions.get(session, (None,))[0],
-            f"seq {seq} was acknowledged at {where}; the partition's offsets later started again at "
-            f"{int(r['restart'])}: the broker no longer has it",
+            (
+                f"seq {seq} was acknowledged at {where}; the partition now ends at {int(r['restart'])}"
+                if r.get("seen") == "end"
+                else f"seq {seq} was acknowledged at {where}; the partition's offsets later started again at "
+                f"{int(r['restart'])}"
+            )
+            + ": the broker no longer has it",
             session=session,
             seq=seq,
             topic=str(r["topic"]),

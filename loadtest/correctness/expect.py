@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -244,6 +244,33 @@ def overwritten(ledger: pd.DataFrame, lives: pd.Series) -> pd.DataFrame:
     merged = copies.reset_index().merge(bounds, on=[*keys, "life"])
     lost = merged[merged["offset"] >= merged["restart"]].set_index("index")
     return lost.drop(columns="life").assign(restart=lost["restart"].astype("int64"))
+
+
+def beyond_end(ledger: pd.DataFrame, ends: Mapping[tuple[str, int], int]) -> pd.DataFrame:
+    """Acknowledged copies at or past where their partition ends now: the broker no longer has them.
+
+    After an unclean election or a wiped log, what the broker lost shows in the ledger alone only once new
+    records are numbered over it (``overwritten``); a run that ends first (a strict pipeline stops at once,
+    and the load with it) leaves the partition ending below offsets it acknowledged. The frame is those
+    copies with ``restart``: where the partition ends, and ``seen`` = ``"end"``.
+    """
+    copies = ledger[ledger["delivered"].fillna(False).astype(bool) & ledger["offset"].notna()]
+    keys = list(zip(copies["topic"], copies["partition"].astype("int64"), strict=True))
+    end = pd.Series([ends.get(k, -1) for k in keys], index=copies.index, dtype="int64")
+    lost = copies[(end >= 0) & (copies["offset"] >= end)]
+    return lost.assign(restart=end[lost.index], seen="end")
+
+
+def with_partition_ends(exp: Expectation, ends: Mapping[tuple[str, int], int]) -> Expectation:
+    """``exp`` with the copies ``beyond_end`` finds added to what the broker gave away."""
+    from dataclasses import replace
+
+    found = beyond_end(exp.ledger, ends)
+    known = exp.overwritten
+    found = found[~found.index.isin(known.index)] if not known.empty else found
+    if found.empty:
+        return exp
+    return replace(exp, overwritten=pd.concat([known, found]) if not known.empty else found)
 
 
 def reissued(ledger: pd.DataFrame, lives: pd.Series) -> pd.Series:

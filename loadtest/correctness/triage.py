@@ -20,7 +20,8 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from loadtest.correctness.expect import partition_lives, reissued
 from loadtest.reports.results import Discrepancy, Triage
-from sotw.kafka import KafkaConfig
+from sotw.errors import BrokerError
+from sotw.kafka import EndOffsets, KafkaConfig
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +139,7 @@ class Triager:
     def __init__(self, ledger: pd.DataFrame, kafka: KafkaConfig | None = None, limit: int = 200) -> None:
         self._ledger = ledger
         self._index: dict[Any, Any] | None = None  # (session, seq) -> row positions, built on demand
+        self._kafka = kafka
         self._reader = KafkaReader(kafka) if kafka is not None else None
         self._limit = limit
         self._reissued: pd.Series | None = None  # copies at offsets given out twice, computed on demand
@@ -152,6 +154,17 @@ class Triager:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def partition_ends(self, partitions: Iterable[tuple[str, int]]) -> dict[tuple[str, int], int] | None:
+        """Where each partition ends now (its next offset); None without Kafka or if the broker does not answer."""
+        if self._kafka is None:
+            return None
+        try:
+            return {tp: end for tp, (_, end) in EndOffsets(self._kafka)(partitions).items()}
+        except BrokerError as exc:
+            log.warning("could not read where the run's partitions end (%s): what the broker lost is found from "
+                        "the ledger alone", exc)  # fmt: skip
+            return None
 
     def triage_all(self, discrepancies: Iterable[Discrepancy]) -> list[Discrepancy]:
         """Each discrepancy with its ``triage`` filled in, in the same order.

@@ -35,6 +35,7 @@ from loadtest.correctness.expect import (
     read_ledger,
     read_truth,
     relax_after_data_loss,
+    with_partition_ends,
 )
 from loadtest.correctness.output import PipelineOutput, read_output
 from loadtest.correctness.outputspec import COMMIT_SOURCES, OutputSpec
@@ -77,6 +78,13 @@ def verify(
     """
     if pipeline_stopped:
         expectation = relax_after_data_loss(expectation)
+    own = triager or Triager(expectation.ledger, kafka=None)
+    delivered = expectation.ledger.dropna(subset=["offset", "partition"])
+    ends = own.partition_ends(
+        sorted(set(zip(delivered["topic"], delivered["partition"].astype(int), strict=True)))
+    )
+    if ends:
+        expectation = with_partition_ends(expectation, ends)
     tally = Tally()
     check_sessions(expectation, output, tally)
     check_values(expectation, output.changes, tally)
@@ -86,7 +94,6 @@ def verify(
     check_delivery(expectation, tally)
     check_broker_kept(expectation, tally)
     check_stop(expectation, pipeline_stopped, tally)
-    own = triager or Triager(expectation.ledger, kafka=None)
     discrepancies = own.triage_all(tally.discrepancies)
     return _correctness(expectation, tally, discrepancies)
 

@@ -40,9 +40,11 @@ def two_sessions(kafka: KafkaConfig, prefix: str) -> tuple[SessionSpec, SessionS
     return one, two
 
 
-def unsent_seq3(spec: SessionSpec) -> list[dict[str, Any]]:
-    """A session's ledger whose seq 3 the producer never got acknowledged (offsets from 100)."""
-    return ledger_rows(spec, [(s, "none") for s in (0, 1, 2, 4, 5, 6)], unsent={3: "none"}, first_offset=100)
+def unsent_seq3(kafka: KafkaConfig, spec: SessionSpec) -> list[dict[str, Any]]:
+    """A session's ledger whose seq 3 the producer never got acknowledged; the others on its topic as acknowledged."""
+    sent = (0, 1, 2, 4, 5, 6)
+    assert produce(kafka, spec.topic, [spec.value(s) for s in sent], spec.session.encode()) == list(range(6))
+    return ledger_rows(spec, [(s, "none") for s in sent], unsent={3: "none"})
 
 
 def with_unsent_seq3(out: Output, spec: SessionSpec) -> Output:
@@ -58,7 +60,9 @@ def test_each_lost_message_is_blamed_on_producer_broker_or_pipeline(
     offsets = produce(kafka, lost.topic, [lost.value(s) for s in (0, 1, 2, 3, 5, 6)], b"s1")
     assert offsets == [0, 1, 2, 3, 4, 5]
     run = tmp_path / "run"
-    write_run(run, ledger_rows(lost, [(s, "none") for s in range(7)]) + unsent_seq3(unsent), [lost, unsent])
+    write_run(
+        run, ledger_rows(lost, [(s, "none") for s in range(7)]) + unsent_seq3(kafka, unsent), [lost, unsent]
+    )
     out = with_unsent_seq3(Output().apply(lost, 0, 1, 2, 5).session(lost, "ok", applied=[0, 1, 2, 5]), unsent)
     expectation = build_expectation(Policy("none"), read_ledger(run), read_truth(run))
     with Triager(expectation.ledger, kafka) as triager:
@@ -72,7 +76,9 @@ def test_each_lost_message_is_blamed_on_producer_broker_or_pipeline(
     assert "different value" in broker.detail
     producer = blamed[("not_delivered", "s2", 3)]
     assert producer is not None and (producer.layer, producer.sent) == ("producer", False)
-    assert result.blame["producer"] == 1 and result.blame["broker"] == 1
+    # By the ledger seq 6 was acknowledged at offset 6, where the partition now ends: the broker gave it away.
+    assert blamed[("broker_lost", "s1", 6)] is not None
+    assert result.blame["producer"] == 1 and result.blame["broker"] == 2
 
 
 def test_a_delivered_offset_past_the_end_of_the_partition_is_the_brokers_fault(
@@ -159,7 +165,9 @@ def test_beyond_the_read_back_limit_a_sessions_damage_is_unknown_and_the_ledger_
     # As above, the broker lost seq 2 of s1; s2's seq 3 was never acknowledged. No read back is allowed.
     assert produce(kafka, lost.topic, [lost.value(s) for s in (0, 1, 3, 4)], b"s1") == [0, 1, 2, 3]
     run = tmp_path / "run"
-    write_run(run, ledger_rows(lost, [(s, "none") for s in range(5)]) + unsent_seq3(unsent), [lost, unsent])
+    write_run(
+        run, ledger_rows(lost, [(s, "none") for s in range(5)]) + unsent_seq3(kafka, unsent), [lost, unsent]
+    )
     out = with_unsent_seq3(Output().apply(lost, 0, 1, 3, 4).session(lost, "ok", applied=[0, 1, 3, 4]), unsent)
     expectation = build_expectation(Policy("none"), read_ledger(run), read_truth(run))
     with Triager(expectation.ledger, kafka, limit=0) as triager:
@@ -167,6 +175,30 @@ def test_beyond_the_read_back_limit_a_sessions_damage_is_unknown_and_the_ledger_
 
     layers = {(d.session, d.kind): d.triage.layer for d in result.discrepancies if d.triage is not None}
     assert layers[("s1", "lost_row")] == "unknown"
+    # By the ledger seq 4 sat at offset 4, where the partition now ends: gone, whatever is read back.
+    assert layers.pop(("s1", "broker_lost")) == "broker"
     assert {layer for (session, _), layer in layers.items() if session == "s1"} == {"unknown"}, layers
     assert layers[("s2", "not_delivered")] == "producer"
     assert "pipeline" not in result.blame, layers
+
+
+def test_acknowledged_messages_past_where_the_partition_now_ends_are_what_the_broker_gave_away(
+    tmp_path: Path, kafka: KafkaConfig, unique_prefix: Callable[[], str]
+) -> None:
+    spec = SessionSpec(session="s1", sensor=f"{unique_prefix()}1")
+    ensure_topics(kafka, {spec.topic: 1})
+    # Acknowledged at offsets 0-5 and read by the pipeline, but the partition now ends at 4 (an unclean
+    # election before anything new was written over seqs 4 and 5).
+    assert produce(kafka, spec.topic, [spec.value(s) for s in range(4)], b"s1") == [0, 1, 2, 3]
+    run = tmp_path / "run"
+    write_run(run, ledger_rows(spec, [(s, "none") for s in range(6)]), [spec])
+    out = Output().apply(spec, *range(6)).session(spec, "ok", applied=list(range(6)))
+    expectation = build_expectation(Policy("none"), read_ledger(run), read_truth(run))
+    with Triager(expectation.ledger, kafka) as triager:
+        result = verify(expectation, read_output(out.write(tmp_path / "out")), triager)
+
+    gave_away = [d for d in result.discrepancies if d.kind == "broker_lost"]
+    assert [d.seq for d in gave_away] == [4, 5]
+    assert all("the partition now ends at 4" in d.detail for d in gave_away)
+    assert all(d.triage is not None and d.triage.layer == "broker" for d in gave_away)
+    assert "pipeline" not in result.blame
