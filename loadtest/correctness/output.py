@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -54,8 +54,13 @@ def read_commits(root: Path) -> dict[int, int]:
     return commits
 
 
-def read_dataset(path: Path, partitions: Iterable[str], batches: Iterable[int]) -> pd.DataFrame:
-    """One hive-partitioned dataset, restricted to committed batches; partition values read as strings."""
+def read_dataset(
+    path: Path, partitions: Iterable[str], batches: Iterable[int], where: ds.Expression | None = None
+) -> pd.DataFrame:
+    """One hive-partitioned dataset, restricted to committed batches; partition values read as strings.
+
+    ``where`` keeps only the rows it selects; on a partition column it skips the other partitions' files.
+    """
     files = (
         sorted(
             p
@@ -74,23 +79,31 @@ def read_dataset(path: Path, partitions: Iterable[str], batches: Iterable[int]) 
         partitioning=ds.partitioning(schema, flavor="hive"),
         partition_base_dir=str(path),
     )
-    frame: pd.DataFrame = dataset.to_table().to_pandas()
+    frame: pd.DataFrame = dataset.to_table(filter=where).to_pandas()
     if "batch_id" in frame.columns:
         frame = frame[frame["batch_id"].isin(list(batches))].reset_index(drop=True)
     return frame
 
 
-def read_output(root: Path, fmt: str = "auto") -> PipelineOutput:
+def read_output(
+    root: Path, fmt: str = "auto", where: Mapping[str, ds.Expression] | None = None
+) -> PipelineOutput:
     """Read the four datasets and the commit times of an output root (see docs/pipeline-outputs.md).
 
     ``fmt`` ``parquet`` reads sotw's Parquet layout (only batches with a ``_commits`` marker), ``delta``
     four Delta tables (every committed version; a batch is dated by the commit that recorded its ``txn``),
-    ``auto`` whichever is on disk.
+    ``auto`` whichever is on disk. ``where`` maps a dataset's name to a filter of its rows (the Parquet layout
+    only): ``loadtest.correctness.shards`` reads a few sensors at a time.
     """
     if OutputSpec(root, "full", fmt).resolved_format() == "delta":
+        if where is not None:
+            raise ValueError(f"{root} is Delta: read_output filters only the Parquet layout")
         return _read_delta_output(root)
     commits = read_commits(root)
-    frames = {name: read_dataset(root / name, parts, commits) for name, parts in _PARTITIONS.items()}
+    frames = {
+        name: read_dataset(root / name, parts, commits, (where or {}).get(name))
+        for name, parts in _PARTITIONS.items()
+    }
     return PipelineOutput(commits=commits, **frames)
 
 

@@ -118,6 +118,9 @@ class KafkaReader:
             self._consumer.unassign()
 
 
+#: How many message discrepancies of a run are read back from Kafka at most: each read can wait seconds.
+READ_BACK_LIMIT = 200
+
 #: A delivered copy whose place in Kafka was not looked up.
 NOT_READ_BACK = Triage("unknown", True, True, detail="delivered per the ledger; Kafka not checked")
 
@@ -134,15 +137,24 @@ class Triager:
         messages the producer did deliver).
     limit
         At most this many message discrepancies are checked against Kafka; the rest are ``unknown``.
+
+    Attributes
+    ----------
+    read_back
+        How many message discrepancies it has checked against Kafka, so that a run verified a few sensors at a
+        time can give the next Triager what is left of one budget.
     """
 
-    def __init__(self, ledger: pd.DataFrame, kafka: KafkaConfig | None = None, limit: int = 200) -> None:
+    def __init__(
+        self, ledger: pd.DataFrame, kafka: KafkaConfig | None = None, limit: int = READ_BACK_LIMIT
+    ) -> None:
         self._ledger = ledger
         self._index: dict[Any, Any] | None = None  # (session, seq) -> row positions, built on demand
         self._kafka = kafka
         self._reader = KafkaReader(kafka) if kafka is not None else None
         self._limit = limit
         self._reissued: pd.Series | None = None  # copies at offsets given out twice, computed on demand
+        self.read_back = 0
 
     def close(self) -> None:
         """Release the Kafka consumer."""
@@ -193,6 +205,7 @@ class Triager:
                 traced[i] = NOT_READ_BACK
             elif checked < self._limit:
                 checked += 1
+                self.read_back += 1
                 traced[i] = self._from_kafka(found, wrote=d.kind in WRONG_KINDS)
             else:
                 traced[i] = replace(

@@ -16,7 +16,7 @@ from __future__ import annotations
 import binascii
 import hashlib
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,7 +27,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from loadtest.correctness.expect import read_parquet_dir, simulator_dirs
+from loadtest.correctness.expect import of_sensors, read_parquet_dir, simulator_dirs
 from simulator.native import Values
 from sotw import wire
 
@@ -46,22 +46,22 @@ MESSAGE_COLUMNS = [
 ]
 
 
-def read_truth_rows(run_dir: Path, folder: str) -> pd.DataFrame:
+def read_truth_rows(run_dir: Path, folder: str, sensors: Collection[str] | None = None) -> pd.DataFrame:
     """``truth/<folder>`` of a run (the union of its parts'): ``sensor``, ``session``, ``id``, ``values``.
 
     ``tables`` are each session's final rows, ``snapshots`` the rows its snapshot carried (empty for a run
-    written before the simulator kept them).
+    written before the simulator kept them). ``sensors`` reads only their sessions' rows.
     """
-    frames = [read_parquet_dir(d / "truth" / folder) for d in simulator_dirs(run_dir)]
+    frames = [read_parquet_dir(d / "truth" / folder, of_sensors(sensors)) for d in simulator_dirs(run_dir)]
     kept = [f for f in frames if not f.empty]
     if not kept:
         return pd.DataFrame(columns=["sensor", "session", "id", "values"])
     return pd.concat(kept, ignore_index=True) if len(kept) > 1 else kept[0]
 
 
-def read_snapshots(run_dir: Path) -> pd.DataFrame:
-    """The rows every session's snapshot carried (``read_truth_rows(run_dir, "snapshots")``)."""
-    return read_truth_rows(run_dir, "snapshots")
+def read_snapshots(run_dir: Path, sensors: Collection[str] | None = None) -> pd.DataFrame:
+    """The rows every session's snapshot carried (``read_truth_rows(run_dir, "snapshots")``), or ``sensors``'."""
+    return read_truth_rows(run_dir, "snapshots", sensors)
 
 
 def has_row_ids(ledger: pd.DataFrame) -> bool:

@@ -6,15 +6,20 @@ test's machinery), compares session by session and message by message, scores th
 faults, triages every discrepancy to a layer, and summarises it all as a ``results.Correctness``. In sotw's
 Parquet layout only batches whose ``_commits/<batch>.json`` marker exists are read: anything else is not
 visible output; a Delta table shows only what it committed. An output under the tables contract (final
-tables only) is judged by ``loadtest.correctness.contracts``; ``verify_run`` chooses.
+tables only) is judged by ``loadtest.correctness.contracts``; ``verify_run`` chooses, and verifies a long run a
+few sensors at a time (``loadtest.correctness.shards``).
 """
 
 from __future__ import annotations
 
 import logging
 from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import NamedTuple
+
+import pandas as pd
 
 from loadtest.correctness.checks import (
     Tally,
@@ -40,8 +45,18 @@ from loadtest.correctness.expect import (
 from loadtest.correctness.output import PipelineOutput, read_output
 from loadtest.correctness.outputspec import COMMIT_SOURCES, OutputSpec
 from loadtest.correctness.policies import Policy
+from loadtest.correctness.shards import (
+    SHARD_ROWS,
+    Shard,
+    merge,
+    of_sessions,
+    outside,
+    plan_shards,
+    plus,
+    summarise,
+)
 from loadtest.correctness.tables import read_tables, read_truth_tables
-from loadtest.correctness.triage import Triager
+from loadtest.correctness.triage import READ_BACK_LIMIT, Triager
 from loadtest.correctness.values import read_snapshots
 from loadtest.reports.results import Correctness, Discrepancy
 from sotw.kafka import KafkaConfig
@@ -99,9 +114,6 @@ def verify(
 
 
 def _correctness(exp: Expectation, tally: Tally, discrepancies: list[Discrepancy]) -> Correctness:
-    kinds = Counter(d.kind for d in discrepancies)
-    blame = Counter(d.triage.layer for d in discrepancies if d.triage is not None)
-    reasons = [f"{n} {kind.replace('_', ' ')}" for kind, n in sorted(kinds.items())]
     required, exact = tally.counts["exact_required"], tally.counts["exact"]
     return Correctness(
         policy=exp.policy.name,
@@ -124,9 +136,7 @@ def _correctness(exp: Expectation, tally: Tally, discrepancies: list[Discrepancy
         faults=tally.faults,
         damage=tally.damage,
         discrepancies=discrepancies,
-        discrepancy_counts=dict(kinds),
-        blame=dict(blame),
-        reasons=reasons,
+        **summarise(discrepancies),
     )
 
 
@@ -136,15 +146,26 @@ def verify_run(
     policy: Policy,
     kafka: KafkaConfig | None = None,
     pipeline_stopped: bool | None = None,
+    progress: Callable[[str], None] | None = None,
+    shard_rows: int = SHARD_ROWS,
 ) -> Correctness:
     """Verify one run directory's ledger and truth against an output, reading Kafka for triage.
 
     ``output`` is an output root read under the full contract, or an ``OutputSpec`` naming the contract and
     format (``loadtest.correctness.contracts``); under the tables contract ``policy`` is not used.
+
+    A Parquet output under the full contract of a run with more than ``shard_rows`` ledger rows is verified a
+    few sensors at a time (``loadtest.correctness.shards``), so that memory follows ``shard_rows`` and not
+    the run's length; ``progress`` hears each shard. A Delta output and the tables contract are read whole:
+    the tables contract's tables are not partitioned by sensor, and a Delta table is read through its log.
     """
     spec = output if isinstance(output, OutputSpec) else OutputSpec(output)
-    ledger = read_ledger(run_dir)
     fmt = spec.resolved_format()
+    shards = plan_shards(run_dir, shard_rows) if spec.contract == "full" and fmt == "parquet" else []
+    if len(shards) > 1:
+        sharded = _Shards(run_dir, spec.path, policy, kafka, pipeline_stopped, progress or log.info)
+        return replace(sharded.verify(shards), output_format=fmt, latency_source=COMMIT_SOURCES["markers"])
+    ledger = read_ledger(run_dir)
     with Triager(ledger, kafka) as triager:
         if spec.contract == "tables":
             tables = read_tables(spec)
@@ -160,6 +181,75 @@ def verify_run(
             correctness = verify(expectation, read_output(spec.path, fmt), triager, pipeline_stopped)
             source = "delta" if fmt == "delta" else "markers"
     return replace(correctness, output_format=fmt, latency_source=COMMIT_SOURCES[source])
+
+
+class _Verdict(NamedTuple):
+    correctness: Correctness
+    injected: Counter[str]
+
+
+class _Shards:
+    """``verify`` over a run's shards of sensors, one at a time, their verdicts merged (``shards.merge``).
+
+    Each shard reads only its sensors' ledger, truth and output. Output rows under a sensor the ledger lacks
+    (or none) are read once, beforehand: each goes with the shard that has its session, and the rest (with
+    dead letters of topics the run never had) are checked last against no ledger, as the whole run would
+    find them. Kafka is read back for at most ``READ_BACK_LIMIT`` discrepancies over all the shards.
+    """
+
+    def __init__(
+        self,
+        run_dir: Path,
+        root: Path,
+        policy: Policy,
+        kafka: KafkaConfig | None,
+        pipeline_stopped: bool | None,
+        say: Callable[[str], None],
+    ) -> None:
+        self.run_dir, self.root, self.policy, self.kafka = run_dir, root, policy, kafka
+        self.pipeline_stopped = pipeline_stopped
+        self.say = say
+        self.read_back_left = READ_BACK_LIMIT
+        self.stray = PipelineOutput(pd.DataFrame(), pd.DataFrame(), pd.DataFrame(), pd.DataFrame())
+        self.sessions: set[str] = set()
+
+    def verify(self, shards: Sequence[Shard]) -> Correctness:
+        """The run's verdict, from every shard's."""
+        self.stray = read_output(self.root, "parquet", outside(shards))
+        sensors = shards[-1].last
+        verdicts = []
+        for i, shard in enumerate(shards, 1):
+            self.say(f"verifying {shard.named()} of {sensors} (shard {i} of {len(shards)})")
+            verdicts.append(self._one(shard))
+        # Under strict one session's violation must stop the query, which relaxes every other session.
+        if any(v.correctness.must_stop for v in verdicts):
+            for i, shard in enumerate(shards):
+                if not verdicts[i].correctness.must_stop:
+                    self.say(f"verifying {shard.named()} again: a session elsewhere must stop the query")
+                    verdicts[i] = self._one(shard, stops_elsewhere=True)
+        rest = of_sessions(self.stray, self.sessions, others=True)
+        if any(not f.empty for f in (rest.changes, rest.sessions, rest.integrity, rest.dead_letters)):
+            self.say("verifying the output of sensors the ledger does not have")
+            verdicts.append(self._one(Shard((), (), 0, 0, 0), rest))
+        injected = sum((v.injected for v in verdicts), Counter[str]())
+        return merge([v.correctness for v in verdicts], injected)
+
+    def _one(
+        self, shard: Shard, output: PipelineOutput | None = None, stops_elsewhere: bool = False
+    ) -> _Verdict:
+        """One shard's verdict; its frames are freed on return."""
+        ledger = read_ledger(self.run_dir, shard.sensors)
+        truth = read_truth(self.run_dir, shard.sensors)
+        snapshots = read_snapshots(self.run_dir, shard.sensors)
+        expectation = build_expectation(self.policy, ledger, truth, snapshots, stops_elsewhere)
+        if output is None:
+            mine = set(ledger["session"].astype(str).unique())
+            self.sessions |= mine
+            output = plus(read_output(self.root, "parquet", shard.where()), of_sessions(self.stray, mine))
+        with Triager(ledger, self.kafka, limit=self.read_back_left) as triager:
+            correctness = verify(expectation, output, triager, self.pipeline_stopped)
+            self.read_back_left -= triager.read_back
+        return _Verdict(correctness, Counter(expectation.injected))
 
 
 # --------------------------------------------------------------------------------------------- latency

@@ -276,7 +276,9 @@ def _run(
     progress("verifying the output against the ledger")
     policy = profile.pipeline.verifier_policy(timeouts_expire=not interrupted and drain_s is not None)
     verify_cpu0 = time.process_time()
-    correctness = verify_run(run_dir, job.output, policy, kafka, pipeline_stopped=pipeline_failed is not None)
+    correctness = verify_run(
+        run_dir, job.output, policy, kafka, pipeline_stopped=pipeline_failed is not None, progress=progress
+    )
     outcome = Outcome(
         profile=profile,
         load_factor=request.load_factor,

@@ -318,13 +318,21 @@ class Output:
 
 
 def _write(path: Path, rows: list[dict[str, Any]], keys: tuple[str, ...]) -> None:
-    """Write rows as a hive-partitioned dataset by ``keys`` and ``date``, as Spark's partitionBy does."""
+    """Write rows as a hive-partitioned dataset by ``keys`` and ``date``, as Spark's partitionBy does.
+
+    Every file has the schema of all the rows, as the pipeline's do: a column that is null in one partition
+    keeps the type it has in the others.
+    """
     groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for r in rows:
         groups.setdefault(tuple(r[k] for k in keys), []).append(r)
-    for i, (values, group) in enumerate(groups.items()):
+    bodies = {
+        values: [{k: v for k, v in r.items() if k not in keys} for r in group]
+        for values, group in groups.items()
+    }
+    schema = pa.Table.from_pylist([r for body in bodies.values() for r in body]).schema if rows else None
+    for i, (values, body) in enumerate(bodies.items()):
         folder = path.joinpath(*(f"{k}={v}" for k, v in zip(keys, values, strict=True)), f"date={DATE}")
         folder.mkdir(parents=True, exist_ok=True)
-        body = [{k: v for k, v in r.items() if k not in keys} for r in group]
-        pq.write_table(pa.Table.from_pylist(body), folder / f"part-{i}.parquet")
+        pq.write_table(pa.Table.from_pylist(body, schema=schema), folder / f"part-{i}.parquet")
     path.mkdir(parents=True, exist_ok=True)
