@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -314,20 +314,33 @@ def ratio(num: int, den: int) -> float:
 
 
 def check_dead_letters(exp: Expectation, dead: pd.DataFrame, tally: Tally) -> None:
-    """Every malformed copy the broker took is quarantined; no valid message is."""
-    wanted = {
-        (str(r["topic"]), int(r["partition"]), int(r["offset"])): r for r in exp.malformed.to_dict("records")
-    }
+    """Every malformed copy the broker took, and kept, is quarantined; no valid message is.
+
+    A malformed copy the broker gave away (``Expectation.overwritten``) is not required: the pipeline may
+    never have read it, and ``check_broker_kept`` counts it as the broker's loss.
+    """
+
+    def key(r: Mapping[Any, Any]) -> tuple[str, int, int]:
+        return (str(r["topic"]), int(r["partition"]), int(r["offset"]))
+
+    malformed = exp.malformed
+    given_away = (
+        malformed.index.isin(exp.overwritten.index) if len(exp.overwritten) else [False] * len(malformed)
+    )
+    every = {key(r): r for r in malformed.to_dict("records")}
     got: set[tuple[str, int, int]] = set()
     if not dead.empty:
         got = {
             (str(t), int(p), int(o))
             for t, p, o in zip(dead["topic"], dead["partition"], dead["offset"], strict=True)
         }
+    # Required: what the broker kept, and what it gave away only if the pipeline got to read it first.
+    kept = malformed[[not g for g in given_away]]
+    wanted = {key(r): r for r in kept.to_dict("records")} | {k: r for k, r in every.items() if k in got}
     hits = got & set(wanted)
     tally.counts["malformed_quarantined"] = len(hits)
-    for key in sorted(set(wanted) - got):
-        r = wanted[key]
+    for k in sorted(set(wanted) - got):
+        r = wanted[k]
         want = exp.sessions.get(str(r["session"]), (None,))[0]
         tally.add(
             "malformed_not_quarantined",
@@ -335,17 +348,17 @@ def check_dead_letters(exp: Expectation, dead: pd.DataFrame, tally: Tally) -> No
             f"malformed copy of seq {r['seq']} not in dead letters",
             session=str(r["session"]),
             seq=None,
-            partition=key[1],
-            offset=key[2],
+            partition=k[1],
+            offset=k[2],
         )
-    for key in sorted(got - set(wanted)):
+    for k in sorted(got - set(every)):
         tally.add(
             "false_dead_letter",
             None,
             "a dead letter the ledger does not call malformed",
-            topic=key[0],
-            partition=key[1],
-            offset=key[2],
+            topic=k[0],
+            partition=k[1],
+            offset=k[2],
         )
     if wanted or got:
         tally.faults.append(

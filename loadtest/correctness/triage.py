@@ -155,6 +155,7 @@ class Triager:
         self._limit = limit
         self._reissued: pd.Series | None = None  # copies at offsets given out twice, computed on demand
         self.read_back = 0
+        self._lost_by_broker: pd.Index = pd.Index([])  # copies the broker no longer has (``gave_away``)
 
     def close(self) -> None:
         """Release the Kafka consumer."""
@@ -166,6 +167,14 @@ class Triager:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def gave_away(self, copies: pd.Index) -> None:
+        """Ledger rows the verifier found the broker no longer has (``Expectation.overwritten``).
+
+        A message whose every acknowledged copy is among them is the broker's loss from the ledger alone, with
+        no read back: beyond the read-back limit it would otherwise be ``unknown``.
+        """
+        self._lost_by_broker = copies
 
     def partition_ends(self, partitions: Iterable[tuple[str, int]]) -> dict[tuple[str, int], int] | None:
         """Where each partition ends now (its next offset); None without Kafka or if the broker does not answer."""
@@ -279,6 +288,13 @@ class Triager:
                 "broker", True, True, None,
                 detail=f"acknowledged at {r['topic']}[{int(r['partition'])}]@{int(r['offset'])}, an offset the "
                 "broker had given out before its offsets started again lower: a reader past it never sees it",
+            )  # fmt: skip
+        if len(self._lost_by_broker) and bool(acked.index.isin(self._lost_by_broker).all()):
+            r = _records(acked.iloc[:1])[0]
+            return Triage(
+                "broker", True, True, False,
+                detail=f"acknowledged at {r['topic']}[{int(r['partition'])}]@{int(r['offset'])}, which the "
+                "broker no longer has: its partition started again lower, or now ends before it",
             )  # fmt: skip
         return acked
 

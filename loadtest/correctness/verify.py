@@ -100,6 +100,7 @@ def verify(
     )
     if ends:
         expectation = with_partition_ends(expectation, ends)
+    own.gave_away(expectation.overwritten.index)
     tally = Tally()
     check_sessions(expectation, output, tally)
     check_values(expectation, output.changes, tally)

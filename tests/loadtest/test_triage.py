@@ -202,3 +202,23 @@ def test_acknowledged_messages_past_where_the_partition_now_ends_are_what_the_br
     assert all("the partition now ends at 4" in d.detail for d in gave_away)
     assert all(d.triage is not None and d.triage.layer == "broker" for d in gave_away)
     assert "pipeline" not in result.blame
+
+
+def test_a_lost_row_the_broker_no_longer_has_is_its_loss_without_reading_it_back(
+    tmp_path: Path, kafka: KafkaConfig, unique_prefix: Callable[[], str]
+) -> None:
+    spec = SessionSpec(session="s1", sensor=f"{unique_prefix()}1")
+    ensure_topics(kafka, {spec.topic: 1})
+    # Seqs 0-5 acknowledged at offsets 0-5; the partition now ends at 4 and the pipeline never saw seq 5.
+    assert produce(kafka, spec.topic, [spec.value(s) for s in range(4)], b"s1") == [0, 1, 2, 3]
+    run = tmp_path / "run"
+    write_run(run, ledger_rows(spec, [(s, "none") for s in range(6)]), [spec])
+    out = Output().apply(spec, *range(5)).session(spec, "ok", applied=list(range(5)))
+    expectation = build_expectation(Policy("none"), read_ledger(run), read_truth(run))
+    with Triager(expectation.ledger, kafka, limit=0) as triager:  # no read back at all
+        result = verify(expectation, read_output(out.write(tmp_path / "out")), triager)
+
+    lost = {d.seq: d.triage for d in result.discrepancies if d.kind == "lost_row"}
+    assert lost[5] is not None and lost[5].layer == "broker" and "no longer has" in lost[5].detail
+    assert [d.seq for d in result.discrepancies if d.kind == "broker_lost"] == [4]
+    assert "unknown" not in result.blame and "pipeline" not in result.blame
