@@ -28,8 +28,9 @@ import pandas as pd
 import psutil
 from matplotlib.figure import Figure
 
+from loadtest.correctness.verify import verify_run
 from loadtest.reports.pages import png_bytes
-from loadtest.run.profile import load_profile, parse_load
+from loadtest.run.profile import Profile, load_profile, parse_load
 from loadtest.run.runner import RunRequest, execute
 
 #: The figures judged flat, with the column each is read from and how a span is summarised.
@@ -215,6 +216,29 @@ def steady_of_samples(run_dir: Path) -> tuple[int, int]:
     return int(steady.min()), int(steady.max()) + 1000  # the last sample opens the last second
 
 
+def verdict_of(run_dir: Path, profile: Profile) -> str:
+    """The run's verdict from its results, or, for a run that wrote none, from verifying it again now.
+
+    The verification goes a shard of sensors at a time on a long run (``loadtest.correctness.shards``),
+    without Kafka: triage then names layers from the ledger alone.
+    """
+    results = run_dir / "results.json"
+    if results.exists():
+        return str(json.loads(results.read_text())["verdict"]["verdict"])
+
+    def say(message: str) -> None:
+        print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+    say("no results.json: verifying the output against the ledger")
+    policy = profile.pipeline.verifier_policy(timeouts_expire=True)
+    found = verify_run(run_dir, run_dir / "pipeline" / "output", policy, pipeline_stopped=False, progress=say)
+    print(
+        f"verified: {found.rows_written:,} of {found.rows_expected:,} change rows written, {found.rows_lost:,} lost, "
+        f"{found.rows_repeated:,} repeated, {found.rows_wrong:,} wrong; discrepancies {found.discrepancy_counts or 'none'}"
+    )
+    return "PASS" if found.passed else "FAIL"
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--minutes", type=float, default=30.0, help="length of the steady phase (30)")
@@ -229,15 +253,17 @@ def main() -> int:
         type=Path,
         metavar="RUN_DIR",
         default=None,
-        help="only analyse a soak's run directory again (one whose verification did not finish, say)",
+        help="analyse a soak's run directory again; one without results.json is verified again first",
     )
     args = p.parse_args()
-    if args.analyse is not None:
-        start, end = steady_of_samples(args.analyse)
-        return analyse(args.analyse, start, end, args.tolerance, args.window, "not verified")
     profile = load_profile("baseline")
     run = dataclasses.replace(profile.run, steady_s=args.minutes * 60, max_lag_s=600, drain_max_s=600)
     profile = dataclasses.replace(profile, run=run)
+    if args.analyse is not None:
+        start, end = steady_of_samples(args.analyse)
+        return analyse(
+            args.analyse, start, end, args.tolerance, args.window, verdict_of(args.analyse, profile)
+        )
     run_dir = args.run_dir or Path("runs") / f"soak-{time.strftime('%Y%m%d-%H%M%S')}"
     retention_path = run_dir.with_name(run_dir.name + "-retention.jsonl")
     retention_path.parent.mkdir(parents=True, exist_ok=True)

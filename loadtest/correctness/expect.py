@@ -111,15 +111,19 @@ def parquet_dataset(path: Path) -> ds.Dataset | None:
     return ds.dataset([str(f) for f in files], format="parquet") if files else None
 
 
-def read_parquet_dir(path: Path, where: ds.Expression | None = None) -> pd.DataFrame:
+def read_parquet_dir(
+    path: Path, where: ds.Expression | None = None, columns: Sequence[str] | None = None
+) -> pd.DataFrame:
     """Read a directory of Parquet files (or one file), only the rows ``where`` selects if given.
 
-    An empty frame if there is no file; an empty frame with the files' columns if ``where`` selects nothing.
+    ``columns`` reads only those of them the files have. An empty frame if there is no file; an empty frame with the files' columns
+    if ``where`` selects nothing.
     """
     dataset = parquet_dataset(path)
     if dataset is None:
         return pd.DataFrame()
-    frame: pd.DataFrame = dataset.to_table(filter=where).to_pandas()
+    present = None if columns is None else [c for c in columns if c in dataset.schema.names]
+    frame: pd.DataFrame = dataset.to_table(filter=where, columns=present).to_pandas()
     return frame
 
 
@@ -156,11 +160,14 @@ def _union(frames: list[pd.DataFrame]) -> pd.DataFrame:
     return pd.concat(kept, ignore_index=True) if len(kept) > 1 else kept[0]
 
 
-def read_ledger(run_dir: Path, sensors: Collection[str] | None = None) -> pd.DataFrame:
+def read_ledger(
+    run_dir: Path, sensors: Collection[str] | None = None, columns: Sequence[str] | None = None
+) -> pd.DataFrame:
     """The simulator's ledger of a run directory (the union of its parts'), every copy one row.
 
     ``sensors`` reads only their rows (``loadtest.correctness.shards`` verifies a long run a few sensors at a
-    time); none of them is not an error.
+    time); none of them is not an error. ``columns`` reads only those (a long run's latencies need six of
+    sixteen, and not the per-message digests that take most of the memory).
 
     Raises
     ------
@@ -168,7 +175,7 @@ def read_ledger(run_dir: Path, sensors: Collection[str] | None = None) -> pd.Dat
         If the run directory has no ledger.
     """
     where = of_sensors(sensors)
-    ledger = _union([read_parquet_dir(d / "ledger", where) for d in simulator_dirs(run_dir)])
+    ledger = _union([read_parquet_dir(d / "ledger", where, columns) for d in simulator_dirs(run_dir)])
     if ledger.empty and sensors is None:
         raise HarnessError(f"no ledger in {run_dir / 'ledger'}: was the simulator run with this run dir?")
     return ledger

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from loadtest.correctness.contracts import LATENCY_COLUMNS, latencies, tables_end_to_end
-from loadtest.correctness.output import PipelineOutput, read_output
+from loadtest.correctness.output import PipelineOutput, read_changes
 from loadtest.correctness.outputspec import OutputSpec
 from loadtest.correctness.tables import read_tables
 from loadtest.reports.results import LatencySummary
@@ -18,12 +18,22 @@ from loadtest.reports.results import LatencySummary
 PERCENTILES = (50.0, 90.0, 99.0, 99.9)
 
 
+#: The ledger's columns the full contract's latencies need (``read_ledger(..., columns=...)``).
+LEDGER_COLUMNS = ("session", "seq", "fault", "intended_ts", "sent_ts", "acked_ts")
+
+
 def end_to_end_of(ledger: pd.DataFrame, output: Path | OutputSpec) -> pd.DataFrame:
-    """``end_to_end`` for an output of either contract and format (see ``loadtest.correctness.contracts``)."""
+    """``end_to_end`` for an output of either contract and format (see ``loadtest.correctness.contracts``).
+
+    Under the full contract only the changes' ``session``, ``seq`` and ``batch_id`` are read: a long run's
+    changes, values and all, would not fit in memory beside its ledger.
+    """
     spec = output if isinstance(output, OutputSpec) else OutputSpec(output)
     if spec.contract == "tables":
         return tables_end_to_end(ledger, read_tables(spec))
-    return end_to_end(ledger, read_output(spec.path, spec.format))
+    changes, commits = read_changes(spec.path, ["session", "seq"], spec.format)
+    empty = pd.DataFrame()
+    return end_to_end(ledger, PipelineOutput(changes, empty, empty, empty, commits))
 
 
 def end_to_end(ledger: pd.DataFrame, output: PipelineOutput) -> pd.DataFrame:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -55,11 +55,16 @@ def read_commits(root: Path) -> dict[int, int]:
 
 
 def read_dataset(
-    path: Path, partitions: Iterable[str], batches: Iterable[int], where: ds.Expression | None = None
+    path: Path,
+    partitions: Iterable[str],
+    batches: Iterable[int],
+    where: ds.Expression | None = None,
+    columns: Sequence[str] | None = None,
 ) -> pd.DataFrame:
     """One hive-partitioned dataset, restricted to committed batches; partition values read as strings.
 
     ``where`` keeps only the rows it selects; on a partition column it skips the other partitions' files.
+    ``columns`` reads only those (with ``batch_id``, which the restriction needs).
     """
     files = (
         sorted(
@@ -79,7 +84,8 @@ def read_dataset(
         partitioning=ds.partitioning(schema, flavor="hive"),
         partition_base_dir=str(path),
     )
-    frame: pd.DataFrame = dataset.to_table(filter=where).to_pandas()
+    wanted = None if columns is None else list(dict.fromkeys([*columns, "batch_id"]))
+    frame: pd.DataFrame = dataset.to_table(filter=where, columns=wanted).to_pandas()
     if "batch_id" in frame.columns:
         frame = frame[frame["batch_id"].isin(list(batches))].reset_index(drop=True)
     return frame
@@ -105,6 +111,20 @@ def read_output(
         for name, parts in _PARTITIONS.items()
     }
     return PipelineOutput(commits=commits, **frames)
+
+
+def read_changes(
+    root: Path, columns: Sequence[str], fmt: str = "auto"
+) -> tuple[pd.DataFrame, dict[int, int]]:
+    """Only ``columns`` of the changes dataset (and ``batch_id``), with the commit times: a long run's latencies.
+
+    The Parquet layout is read column by column; a Delta output is read whole (``read_output``).
+    """
+    if OutputSpec(root, "full", fmt).resolved_format() == "delta":
+        whole = read_output(root, "delta")
+        return whole.changes, whole.commits
+    commits = read_commits(root)
+    return read_dataset(root / "changes", _PARTITIONS["changes"], commits, columns=columns), commits
 
 
 def _read_delta_output(root: Path) -> PipelineOutput:

@@ -24,7 +24,7 @@ import numpy.typing as npt
 import pandas as pd
 
 from loadtest.correctness.expect import read_ledger
-from loadtest.correctness.latency import end_to_end_of, latency_summary
+from loadtest.correctness.latency import LEDGER_COLUMNS, end_to_end_of, latency_summary
 from loadtest.correctness.outputspec import OutputSpec
 from loadtest.gameday.incidents import IncidentRecord
 from loadtest.gameday.recovery import Stop, Window, measure
@@ -297,7 +297,8 @@ def latencies(
     Also the end-to-end p50 and p99 over the whole run, by 5 s of commit time, for the latency chart, and
     every applied message's end-to-end latency (``latency.end_to_end``) for the incident measurements.
     """
-    ledger = read_ledger(run_dir)
+    full = not isinstance(output, OutputSpec) or output.contract == "full"
+    ledger = read_ledger(run_dir, columns=LEDGER_COLUMNS if full else None)
     summaries: list[LatencySummary] = []
     series_out: list[Series] = []
     e2e = end_to_end_of(ledger, output)
