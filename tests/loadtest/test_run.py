@@ -66,7 +66,9 @@ def test_a_run_on_spark_s_kafka_connector_killed_mid_run_passes_with_its_lag_fro
     assert result.verdict.verdict == "PASS", result.verdict.reasons
     assert [i.kind for i in result.incidents] == ["pipeline_kill"]
     c = result.correctness
-    assert c is not None and c.rows_lost == c.rows_repeated == 0 and c.sessions_exact > 0
+    # Every row's values checked against its message; no session need be fault-free (all 16 once had a gap).
+    assert c is not None and c.rows_lost == c.rows_repeated == c.rows_wrong == 0
+    assert c.rows_values_checked == c.rows_written > 0
     assert result.run.profile["pipeline"]["source"] == "spark-kafka"
     samples = [json.loads(line) for line in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
     drained = [s for s in samples if s["phase"] == "settle"]
