@@ -283,18 +283,16 @@ class Triager:
         if self._reissued is None:
             self._reissued = reissued(self._ledger, partition_lives(self._ledger))
         if bool(self._reissued.loc[acked.index].all()):
-            r = _records(acked.iloc[:1])[0]
             return Triage(
                 "broker", True, True, None,
-                detail=f"acknowledged at {r['topic']}[{int(r['partition'])}]@{int(r['offset'])}, an offset the "
-                "broker had given out before its offsets started again lower: a reader past it never sees it",
+                detail=f"acknowledged at {_first_place(acked)}, an offset the broker had given out before its "
+                "offsets started again lower: a reader past it never sees it",
             )  # fmt: skip
         if len(self._lost_by_broker) and bool(acked.index.isin(self._lost_by_broker).all()):
-            r = _records(acked.iloc[:1])[0]
             return Triage(
                 "broker", True, True, False,
-                detail=f"acknowledged at {r['topic']}[{int(r['partition'])}]@{int(r['offset'])}, which the "
-                "broker no longer has: its partition started again lower, or now ends before it",
+                detail=f"acknowledged at {_first_place(acked)}, which the broker no longer has: its partition "
+                "started again lower, or now ends before it",
             )  # fmt: skip
         return acked
 
@@ -392,6 +390,12 @@ class Triager:
             int(earlier.max()) if len(earlier) else None,
             int(later.min()) + 1 if len(later) else None,
         )
+
+
+def _first_place(copies: pd.DataFrame) -> str:
+    """``topic[partition]@offset`` of the first of ``copies`` (acknowledged ones, with an offset)."""
+    r = _records(copies.iloc[:1])[0]
+    return f"{r['topic']}[{int(r['partition'])}]@{int(r['offset'])}"
 
 
 def _records(frame: pd.DataFrame) -> list[dict[str, Any]]:
