@@ -69,3 +69,26 @@ def test_a_killed_leader_hands_its_partitions_over_and_catches_up_when_it_comes_
     assert cluster.wait_replicated(60, [topic]) >= 0
     assert cluster.under_replicated([topic]) == []
     assert sorted(read_all(cluster.bootstrap, topic, 4000)) == list(range(4000))
+
+
+def test_a_frozen_node_leaves_the_isr_and_the_metadata_keeps_answering_while_it_is_frozen(cluster, unique_prefix):
+    topic = unique_prefix() + "frozen"
+    ensure_topics(KafkaConfig(cluster.bootstrap), {topic: 6})
+    frozen = cluster.busiest_leader([topic])
+    cluster.pause(frozen)
+    try:
+        slowest, out_at = 0.0, None
+        started = time.monotonic()
+        while out_at is None and time.monotonic() - started < 45:
+            asked = time.monotonic()
+            states = cluster.partitions([topic])
+            slowest = max(slowest, time.monotonic() - asked)
+            if all(frozen not in p.isr for p in states):
+                out_at = time.monotonic() - started
+            time.sleep(0.2)
+        # Fenced after the broker session timeout (9 s), seen at once: no request waits on the frozen node.
+        assert out_at is not None and out_at < 30, f"node {frozen} still in the ISR after 45 s"
+        assert slowest < 5, f"one look at the metadata took {slowest:.1f} s"
+    finally:
+        cluster.resume()
+    assert cluster.wait_replicated(60, [topic]) >= 0

@@ -23,7 +23,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import AdminClient, ClusterMetadata
 
 from sotw.broker.config import (
     LOG4J2,
@@ -129,6 +129,7 @@ class KafkaBroker(contextlib.AbstractContextManager["KafkaBroker"]):
         self._java = ""
         self._classpath = ""
         self._paused_ms: int | None = None
+        self._frozen: set[int] = set()
         self._admin: AdminClient | None = None
         self._lock = threading.RLock()
 
@@ -453,7 +454,9 @@ class KafkaBroker(contextlib.AbstractContextManager["KafkaBroker"]):
             self.check_alive()
             if self._paused_ms is None:
                 self._paused_ms = now_ms()
-            frozen = [n.process for n in self._targets(node) if n.process is not None and n.alive()]
+            targets = [n for n in self._targets(node) if n.process is not None and n.alive()]
+            self._frozen.update(n.id for n in targets)
+            frozen = [n.process for n in targets if n.process is not None]
             for proc in frozen:
                 proc.send_signal(signal.SIGSTOP)
             for proc in frozen:
@@ -470,6 +473,7 @@ class KafkaBroker(contextlib.AbstractContextManager["KafkaBroker"]):
                     n.process.send_signal(signal.SIGCONT)
             outage = Outage("pause", self._paused_ms, now_ms())
             self._paused_ms = None
+            self._frozen.clear()
             self.outages.append(outage)
             return outage
 
@@ -567,6 +571,21 @@ class KafkaBroker(contextlib.AbstractContextManager["KafkaBroker"]):
                 self._admin = AdminClient({"bootstrap.servers": listen, "log_level": 0})
             return self._admin
 
+    def _metadata(self) -> ClusterMetadata:
+        """The cluster's metadata from a node that answers.
+
+        While a node is frozen, librdkafka may send the request down its open connection to that node, which
+        never answers: an incident waiting for the ISR to shrink then sees nothing until the node is thawed.
+        So a client bootstrapped on the running, unfrozen nodes alone asks instead.
+        """
+        with self._lock:
+            frozen = set(self._frozen)
+            answering = [n for n in self._nodes.values() if n.id not in frozen and n.alive()]
+        if not frozen or not answering:
+            return self.admin().list_topics(timeout=10)
+        listen = ",".join(f"{self.host}:{n.ports.listen}" for n in answering)
+        return AdminClient({"bootstrap.servers": listen, "log_level": 0}).list_topics(timeout=10)
+
     def partitions(self, topics: Iterable[str] | None = None) -> list[PartitionState]:
         """Every partition of ``topics`` (all but the internal ones by default) as the metadata shows it now.
 
@@ -575,7 +594,7 @@ class KafkaBroker(contextlib.AbstractContextManager["KafkaBroker"]):
         confluent_kafka.KafkaException
             If no node answers within 10 s.
         """
-        meta = self.admin().list_topics(timeout=10)
+        meta = self._metadata()
         wanted = None if topics is None else set(topics)
         return sorted(
             PartitionState(name, p.id, p.leader, tuple(p.replicas), tuple(p.isrs))
@@ -596,7 +615,7 @@ class KafkaBroker(contextlib.AbstractContextManager["KafkaBroker"]):
 
     def under_replicated(self, topics: Iterable[str] | None = None) -> list[tuple[str, int]]:
         """Partitions of ``topics`` with fewer replicas in sync than assigned (by default of every topic)."""
-        meta = self.admin().list_topics(timeout=10)
+        meta = self._metadata()
         wanted = None if topics is None else set(topics)
         return sorted(
             (name, p.id)
