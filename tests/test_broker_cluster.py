@@ -71,7 +71,9 @@ def test_a_killed_leader_hands_its_partitions_over_and_catches_up_when_it_comes_
     assert sorted(read_all(cluster.bootstrap, topic, 4000)) == list(range(4000))
 
 
-def test_a_frozen_node_leaves_the_isr_and_the_metadata_keeps_answering_while_it_is_frozen(cluster, unique_prefix):
+def test_a_frozen_node_leaves_the_isr_and_the_metadata_keeps_answering_while_it_is_frozen(
+    cluster, unique_prefix
+):
     topic = unique_prefix() + "frozen"
     ensure_topics(KafkaConfig(cluster.bootstrap), {topic: 6})
     frozen = cluster.busiest_leader([topic])
