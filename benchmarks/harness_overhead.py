@@ -5,8 +5,8 @@ Usage::
     nice -n 10 .venv/bin/python benchmarks/harness_overhead.py [--warmup 10] [--steady 30] [--loads 1 10]
                                                                [--json runs/bench-harness-overhead.json]
 
-Runs the harness as ``sotw run`` does (``loadtest.run.runner.execute`` on the ``baseline`` profile: embedded
-broker, the pipeline as its own process, the simulator and the samplers in this process) with short phases,
+Runs the harness as ``sotw run`` does (``loadtest.run.runner.execute`` on the ``baseline`` profile: the local
+Kafka broker, the pipeline as its own process, the simulator and the samplers in this process) with short phases,
 once per load factor, and prints ``results.json``'s ``harness_overhead``: the CPU of the harness process over
 the steady phase in % of one core, split into the simulator (its thread, its ledger writer and its producer's
 librdkafka threads), the sampler (its thread and its probes' Kafka clients, and each probe's own Python time)

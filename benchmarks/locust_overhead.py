@@ -6,7 +6,7 @@ Usage::
                                                   [--json runs/bench-locust.json]
 
 Runs ``locust -f loadtest/locust/locustfile.py --headless --no-pipeline`` with the profile's fleet at ``--load``
-(``--users-per-x`` users make 1x, so 10x is 100 users) on the embedded broker, without the pipeline: the
+(``--users-per-x`` users make 1x, so 10x is 100 users) on the local Kafka broker, without the pipeline: the
 figure is Locust's share, not the machine's. After ``--warm`` seconds it measures, over ``--seconds``, the CPU
 of three processes as a share of one core:
 

@@ -6,7 +6,7 @@ Usage::
                                                [--early-start] [--workers N]
                                                [--json runs/bench-locust-stop.json] [-- SOTW_LOCUST_ARGS...]
 
-Starts ``sotw locust`` as a user would (the embedded broker and the pipeline unless the extra arguments say
+Starts ``sotw locust`` as a user would (the local Kafka broker and the pipeline unless the extra arguments say
 otherwise), opens its web UI in headless Chromium (Debian's ``/usr/bin/chromium`` through Playwright, as the
 browser test does), and ``--runs`` times: fills the start form with ``--users`` users (ramped up in a
 second), presses Start, waits ``--seconds``, presses Stop, and measures

@@ -67,8 +67,8 @@ def broker_cpu_s(pid: int | None) -> float:
 def drop_topics(kafka: KafkaConfig, topics: list[str]) -> None:
     """Delete a side's topics, so that every side writes to a broker holding the same data (none).
 
-    Tansu keeps every record in memory, and its CPU per message grew round after round while the topics
-    accumulated (0.8 to 1.5 us in one invocation): the side that ran last in a round paid most.
+    A broker's work per message can grow with what it holds (more segments, more index to search), and the
+    side that ran last in a round would pay most.
     """
     admin = AdminClient(kafka.client())
     for future in admin.delete_topics(topics, operation_timeout=30).values():

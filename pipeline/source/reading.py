@@ -29,9 +29,8 @@ STALL_CHECK_S = 2.0
 
 # Consumer tuning for bulk reads; a ``kafka.*`` option with the same name wins. A task reads bounded ranges,
 # and whatever librdkafka prefetches past a range's end is fetched, decoded into messages and thrown away:
-# with its default 64 MB queue, a task's read of 24 ranges of 4,166 messages cost the embedded broker 1.5 us
-# and the reader 3.1 us per message kept; with the queue held to 1 MB, fetching again 5 ms (not a second)
-# after finding it full, 0.8 and 1.9. librdkafka also caps a whole fetch request at the queue's size unless
+# with its default 64 MB queue most of that work is wasted on short ranges, so the queue is held to 1 MB and
+# fetched again 5 ms (not a second) after it was found full. librdkafka also caps a whole fetch request at the queue's size unless
 # ``fetch.max.bytes`` is given: against a remote Kafka, or for values near 1 MB, raise
 # ``kafka.queued.max.messages.kbytes`` (docs/pipeline.md).
 _READ_TUNING = {
