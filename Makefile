@@ -30,7 +30,7 @@ $(VENV)/jars/%/manifest.json: jars/%/pom.xml | $(STAMP)
 	$(BIN)/python -m sotw.jars fetch $*
 
 $(SPARK_DEFAULTS): $(VENV)/jars/spark-kafka/manifest.json $(VENV)/jars/delta/manifest.json $(STAMP)
-	$(BIN)/python -m sotw.jars spark-defaults
+	$(BIN)/python -m sotw.sparkjars
 	@touch $@
 
 setup: $(STAMP) $(JARS) $(SPARK_DEFAULTS) ## Create .venv, install sotw, fetch Apache Kafka, Spark's Kafka connector and Delta (Maven), check Java 17+ and Chromium

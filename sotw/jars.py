@@ -135,22 +135,12 @@ def classpath(bundle: str, prefix: Path | None = None) -> list[Path]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m sotw.jars fetch BUNDLE...`` (make setup), ``classpath BUNDLE`` or ``spark-defaults``.
-
-    ``spark-defaults`` (make setup) writes Spark's Kafka connector and Delta's jars into PySpark's
-    ``spark-defaults.conf`` (``sotw.sparkjars.install``).
-    """
+    """``python -m sotw.jars fetch BUNDLE...`` (make setup) or ``classpath BUNDLE...``."""
     parser = argparse.ArgumentParser(prog="python -m sotw.jars", description=__doc__.split("\n\n")[0])
-    parser.add_argument("action", choices=("fetch", "classpath", "spark-defaults"))
-    parser.add_argument("bundles", nargs="*", metavar="BUNDLE")
+    parser.add_argument("action", choices=("fetch", "classpath"))
+    parser.add_argument("bundles", nargs="+", metavar="BUNDLE")
     args = parser.parse_args(argv)
-    if (args.action == "spark-defaults") != (not args.bundles):
-        parser.error("name the bundles to fetch or list, and none for spark-defaults")
     try:
-        if args.action == "spark-defaults":
-            from sotw.sparkjars import install
-
-            print(f"wrote {install()}: every Spark of this environment gets the Kafka connector and Delta")
         for bundle in args.bundles:
             if args.action == "fetch":
                 folder = fetch(bundle)

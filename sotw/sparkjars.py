@@ -6,7 +6,7 @@ connector, its token provider, kafka-clients, commons-pool2) and ``delta`` (``fo
 PySpark: the connector must be exactly its version and Delta's artifact names its Spark minor version, and a
 mismatch would otherwise surface inside the JVM as a ``NoSuchMethodError`` in the middle of a query.
 
-``install`` (``make setup``: ``python -m sotw.jars spark-defaults``) writes them as ``spark.jars`` into
+``install`` (``make setup``: ``python -m sotw.sparkjars``) writes them as ``spark.jars`` into
 PySpark's own ``conf/spark-defaults.conf``, the file ``spark-submit`` reads for a pip-installed PySpark. So
 every Spark started from this environment finds both formats with nothing resolved at run time: sotw's
 pipeline, the test suite, and a team's job run as ``{python} job.py`` or ``.venv/bin/spark-submit job.py`` by the
@@ -19,11 +19,12 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import re
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from sotw.errors import SetupError
+from sotw.errors import SetupError, SotwError
 from sotw.jars import bundle_dir, classpath
 
 #: The bundles given to Spark (jars/<bundle>/pom.xml), in ``spark.jars`` order.
@@ -142,9 +143,23 @@ def install(target: Path | None = None) -> Path:
     jars = ",".join(str(p) for p in spark_jars())
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(
-        f"{MARKER}: written by `make setup` (python -m sotw.jars spark-defaults); it is rewritten there.\n"
+        f"{MARKER}: written by `make setup` (python -m sotw.sparkjars); it is rewritten there.\n"
         "# Spark's Kafka connector and Delta Lake's Spark jars as local jars, so that every Spark started from\n"
         '# this environment reads format("kafka") and writes format("delta") with nothing resolved at run time.\n'
         f"spark.jars {jars}\n"
     )
     return target
+
+
+def main() -> int:
+    """``python -m sotw.sparkjars`` (make setup): write the jars into PySpark's ``spark-defaults.conf``."""
+    try:
+        print(f"wrote {install()}: every Spark of this environment gets the Kafka connector and Delta")
+    except SotwError as exc:
+        print(f"sotw sparkjars: error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -9,7 +9,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from loadtest.correctness.expect import build_expectation, read_ledger, read_truth
 from loadtest.correctness.liveverify import LiveVerifier
@@ -22,7 +22,9 @@ from loadtest.errors import HarnessError
 from loadtest.gameday.incident import Incident
 from loadtest.gameday.incidents import IncidentRecord, Schedule, incident_from_mapping
 from loadtest.gameday.recovery import Stop
+from loadtest.locust.fleetplan import LiveConfig
 from loadtest.locust.headless import CORRECTNESS_COUNTS
+from loadtest.locust.lines import Events
 from loadtest.locust.relay import FleetRelay, LocustStage
 from loadtest.measure import figures
 from loadtest.measure.figures import Outcome
@@ -32,17 +34,38 @@ from loadtest.measure.samplers import ResourceProbe, Sampler
 from loadtest.reports.report import write_report
 from loadtest.reports.results import Correctness, Results
 from loadtest.run.phases import DRAIN, SETTLE, STEADY, Lifecycle, PhaseClock, data_loss_reports
-from loadtest.run.processes import AttachedPipeline
+from loadtest.run.processes import AttachedPipeline, PipelineProcess
 from loadtest.run.profile import Profile
+from loadtest.run.stage import LocalControl
+from sotw.broker import LocalBroker
 from sotw.kafka import KafkaConfig, topic_pattern
 
 #: How much later than its session's end a late copy may still be sent, besides the longest delay (ms).
 LATE_MARGIN_MS = 2000
 
-if TYPE_CHECKING:
-    from loadtest.locust.live import Session
-
 log = logging.getLogger(__name__)
+
+
+class Session(Protocol):
+    """What a run takes from the Locust session that holds it (``loadtest.locust.live.Session``).
+
+    Named here so that the run does not import the session that imports it.
+    """
+
+    config: LiveConfig
+    events: Events
+    profile: Profile
+    dir: Path
+    prefix: str
+    broker: LocalBroker | None
+    control: LocalControl | None
+    pipeline: PipelineProcess | None
+    output: Path | None
+    checkpoint: Path | None
+
+    @property
+    def kafka(self) -> KafkaConfig:
+        """The cluster the session's broker serves."""
 
 
 def run_output(output: PipelineOutput, prefix: str) -> PipelineOutput:
