@@ -37,7 +37,7 @@ from typing import Any
 import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
-LOCUSTFILE = ROOT / "loadtest" / "locustfile.py"
+LOCUSTFILE = ROOT / "loadtest" / "locust" / "locustfile.py"
 
 
 def child(proc: psutil.Process, module: str, timeout: float) -> psutil.Process:
