@@ -40,6 +40,7 @@ from locust.runners import STATE_RUNNING, STATE_SPAWNING
 from loadtest.correctness.liveverify import fault_rows
 from loadtest.errors import HarnessError
 from loadtest.gameday.incidents import incident_from_mapping
+from loadtest.locust import commands
 from loadtest.locust.driver import ProcessSide
 from loadtest.locust.fleetplan import load_of, part_config, users_for
 from loadtest.locust.headless import EXIT_CODE, add_to_html, write_csvs
@@ -194,11 +195,12 @@ class Conductor:
             self.say(f"harness error: {message}")
             if event.get("fatal") and not self.ready.ready():
                 self.ready.set_exception(HarnessError(message))
-            if event.get("op") == "begin" and not self._announced.ready():
+            failed = commands.OPS.get(str(event.get("op")))  # the command the error is about, if any
+            if failed is commands.Begin and not self._announced.ready():
                 self._announced.set_exception(HarnessError(message))
                 self.say("the run did not start: stopping Locust's users")
                 gevent.spawn(self.env.runner.stop)
-            elif event.get("op") == "finish" and run is not None and not run.finished.is_set():
+            elif failed is commands.Finish and run is not None and not run.finished.is_set():
                 # The verification failed: the UI says so (and why) instead of waiting for a verdict.
                 run.error = message
                 run.phase = "failed"
@@ -267,7 +269,7 @@ class Conductor:
             return
         self.results = None
         self._announced = AsyncResult()
-        self.live.send("begin")
+        self.live.send_message(commands.to_wire(commands.Begin()))
 
     def _assign_all(self) -> None:
         """The harness announced a run: sensors for every process (this one, or every connected worker)."""
@@ -366,13 +368,10 @@ class Conductor:
             run = self.run
             if run is not None and not run.finished.is_set():
                 pids = [self.side.feeder.pid] if self.side is not None and self.side.feeder else []
-                self.live.send(
-                    "fleet",
-                    stats=self.fleet_stats(),
-                    load=self.users_load(),
-                    users=int(self.env.runner.user_count),
-                    pids=pids,
+                fleet = commands.UpdateFleet(
+                    self.users_load(), int(self.env.runner.user_count), self.fleet_stats(), tuple(pids)
                 )
+                self.live.send_message(commands.to_wire(fleet))
             gevent.sleep(1.0)
 
     # -------------------------------------------------------------------------------------- controls
@@ -435,7 +434,7 @@ class Conductor:
         incident_from_mapping({**spec, "at_s": 0.0}, where="incident")  # refused here, with its reason
         if self.live is None or self.run is None or self.run.finishing:
             raise HarnessError("incidents need a run going on: start one first")
-        self.live.send("incident", incident=dict(spec))
+        self.live.send_message(commands.to_wire(commands.FireIncident(dict(spec))))
         self.say(f"incident {spec.get('kind')} fired from the UI")
 
     # ---------------------------------------------------------------------------------------- shape
@@ -463,7 +462,7 @@ class Conductor:
         """
         pending = not self._announced.ready()
         if self.live is not None and (pending or (self.run is not None and not self.run.finishing)):
-            self.live.send("stopping")
+            self.live.send_message(commands.to_wire(commands.StopLoad()))
 
     def finish(self, interrupted: bool = False, wait: bool = True) -> None:
         """The run is over: stop the simulators, then drain, settle and verify (in the harness).
@@ -493,7 +492,7 @@ class Conductor:
         self.say(f"run {run.index}: stopping the simulators")
         self._stop_parts()
         run.note_progress("drain", "the simulators have stopped; the harness drains the pipeline")
-        self.live.send("finish", interrupted=interrupted, command=self.settings.command)
+        self.live.send_message(commands.to_wire(commands.Finish(interrupted, self.settings.command)))
         if wait:
             if not run.finished.wait(self._finish_limit()):
                 self.say("the verdict did not come in time")
@@ -538,7 +537,7 @@ class Conductor:
             if failures:
                 self.env.process_exit_code = EXIT_CODE
         if self.live is not None:
-            self.live.send("quit")
+            self.live.send_message(commands.to_wire(commands.Quit()))
             self.live.end(timeout=120.0)
             self.live = None
 

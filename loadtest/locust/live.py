@@ -15,10 +15,11 @@ goes on and gives the run's verdict at the end, with the same parts and rules as
 - at the end, the verifier over the whole run, ``loadtest.measure.figures.results`` (the same figures and verdict
   as ``sotw run``), ``results.json`` and the report.
 
-Commands arrive as JSON lines on standard input (``begin``, ``fleet``, ``incident``, ``stopping``, ``finish``,
-``quit``) and events leave as JSON lines on standard output (``loadtest.locust.lines``). ``finish`` runs in a thread
-of its own (the commands keep flowing) and reports its steps as ``progress`` events, once a second while it
-waits (drain, settle), so the UI shows how far the verification after a stop is. It imports nothing from
+Commands arrive as JSON lines on standard input (``loadtest.locust.commands``: ``Begin``, ``UpdateFleet``,
+``FireIncident``, ``StopLoad``, ``Finish``, ``Quit``) and events leave as JSON lines on standard output
+(``loadtest.locust.lines``). ``Finish`` runs in a thread of its own (the commands keep flowing) and reports its
+steps as ``progress`` events, once a second while it waits (drain, settle), so the UI shows how far the
+verification after a stop is. It imports nothing from
 Locust: Kafka's clients, Spark and the samplers' threads need real threads, which Locust's gevent would
 replace.
 """
@@ -30,11 +31,22 @@ import logging
 import signal
 import sys
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from loadtest.errors import HarnessError
+from loadtest.locust.commands import (
+    Begin,
+    Command,
+    Finish,
+    FireIncident,
+    Quit,
+    StopLoad,
+    UpdateFleet,
+    from_wire,
+    op_of,
+)
 from loadtest.locust.fleetplan import LiveConfig
 from loadtest.locust.lines import Events, commands
 from loadtest.locust.liverun import Run
@@ -139,31 +151,34 @@ class Session:
         self.events.send("run", run_dir=str(self.run.run_dir), prefix=self.run.prefix, index=self._runs)
         self.run.begin()  # its first event (the warm-up phase) comes after the run's
 
-    def handle(self, command: Mapping[str, Any]) -> bool:
-        """Carry out one command; False once the session is to end."""
-        op, run = command["op"], self.run
-        if op == "quit":
+    def handle(self, command: Command) -> bool:
+        """Carry out one command; False once the session is to end.
+
+        Raises
+        ------
+        HarnessError
+            If the command needs a run and none is going on.
+        """
+        run = self.run
+        if isinstance(command, Quit):
             return False
-        if op == "begin":
+        if isinstance(command, Begin):
             self.begin()
-        elif op == "fleet" and run is not None:
-            run.relay.update(
-                command.get("stats") or {}, command["load"], command["users"], command.get("pids") or []
-            )
-        elif op == "incident" and run is not None:
-            run.fire(command["incident"])
-        elif op == "stopping" and run is not None:
-            run.stop_load()
-        elif op == "finish" and run is not None and self.finisher is None:
-            interrupted = bool(command.get("interrupted"))
-            self.finisher = threading.Thread(
-                target=self._finish, args=(run, interrupted, str(command.get("command", ""))), daemon=True
-            )
-            self.finisher.start()
-        elif op in ("fleet", "incident", "finish", "stopping"):
-            raise HarnessError(f"{op}: no run is going on")
-        else:
-            raise HarnessError(f"unknown command {op!r}")
+            return True
+        if run is None:
+            raise HarnessError(f"{op_of(command)}: no run is going on")
+        match command:
+            case UpdateFleet(load=load, users=users, stats=stats, pids=pids):
+                run.relay.update(stats, load, users, pids)
+            case FireIncident(incident=incident):
+                run.fire(incident)
+            case StopLoad():
+                run.stop_load()
+            case Finish(interrupted=interrupted, command=line) if self.finisher is None:
+                self.finisher = threading.Thread(
+                    target=self._finish, args=(run, interrupted, line), daemon=True
+                )
+                self.finisher.start()
         return True
 
     def _finish(self, run: Run, interrupted: bool, command: str) -> None:
@@ -200,12 +215,14 @@ def serve(config: LiveConfig, events: Events, stream: Any = None) -> int:
         return 1
     try:
         session.start()
-        for command in commands(stream):
+        for message in commands(stream):
+            op = message.get("op")
             try:
-                if not session.handle(command):
+                if not session.handle(from_wire(message)):
                     break
-            except (SotwError, KeyError, TypeError, ValueError) as exc:
-                op = command.get("op")
+            except ValueError as exc:  # the message names no command, or a bad one: it says which
+                events.send("error", message=str(exc), fatal=False, op=op)
+            except SotwError as exc:
                 events.send("error", message=f"{op}: {exc}", fatal=False, op=op)
     except SotwError as exc:
         events.send("error", message=str(exc), fatal=True)
