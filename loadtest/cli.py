@@ -20,7 +20,15 @@ from pathlib import Path
 from loadtest.correctness.outputspec import CONTRACTS, FORMATS
 from loadtest.errors import HarnessError
 from loadtest.gameday.drills import Drill, DrillOutcome, load_drill, scorecard_text, shipped
-from loadtest.planning.capacity import SearchSettings, Targets, search, step_of, steps, with_capacity
+from loadtest.planning.capacity import (
+    SEARCH_BROKER_SETTINGS,
+    SearchSettings,
+    Targets,
+    search,
+    step_of,
+    steps,
+    with_capacity,
+)
 from loadtest.reports.report import markdown_summary, write_report
 from loadtest.reports.results import Capacity, Results, Verdict
 from loadtest.run.job import JobSpec, LagFrom
@@ -444,6 +452,7 @@ def capacity_main(
                     root / "check",
                     kafka,
                     job=job,
+                    broker_settings=SEARCH_BROKER_SETTINGS,
                 ),
                 stop,
                 _say,

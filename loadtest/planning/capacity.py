@@ -39,6 +39,13 @@ from loadtest.run.profile import Profile
 from loadtest.run.runner import RunRequest, execute
 from sotw.kafka import KafkaConfig
 
+#: The local broker's settings for a search's runs. A search breaks levels on purpose and backs off only once
+#: lag has grown past twice its bound; the local broker keeps 128 MiB a partition (docs/broker.md), which at
+#: the rates a search reaches is seconds of the busiest partition, so it would delete records the pipeline
+#: has not read and stop it with a data-loss error, a limit of the broker's settings and not of the pipeline.
+#: Time retention (10 minutes) still bounds the disk. A cluster given with ``--bootstrap`` keeps its own.
+SEARCH_BROKER_SETTINGS = {"log.retention.bytes": "-1"}
+
 log = logging.getLogger(__name__)
 
 
@@ -352,6 +359,7 @@ def search(
         kafka,
         command="sotw capacity",
         job=job,
+        broker_settings=SEARCH_BROKER_SETTINGS,
         incidents=(
             RateSearch(at_s=0, name="rate search", controller=controller, budget_s=settings.budget_s),
         ),
@@ -440,7 +448,14 @@ def steps(
 
     def attempt(factor: float) -> bool:
         progress(f"capacity: step {factor:g}x ({profile.simulator.rate * factor:,.0f} msg/s)")
-        request = RunRequest(bounded, factor, root / f"step-{len(results):02d}-{factor:g}x", kafka, job=job)
+        request = RunRequest(
+            bounded,
+            factor,
+            root / f"step-{len(results):02d}-{factor:g}x",
+            kafka,
+            job=job,
+            broker_settings=SEARCH_BROKER_SETTINGS,
+        )
         result = execute(request, stop, progress)
         results.append(result)
         ok = result.verdict.verdict == "PASS"
