@@ -279,10 +279,13 @@ def judge_levels(
     messages meant for it (ledger and commit markers) is within the target.
     """
     from loadtest.correctness.expect import read_ledger
-    from loadtest.correctness.latency import end_to_end
-    from loadtest.correctness.output import read_output
+    from loadtest.correctness.latency import LEDGER_COLUMNS, end_to_end_of
 
-    e2e = end_to_end(read_ledger(run_dir), read_output(run_dir / "pipeline" / "output"))
+    # Only the columns the latencies need: a search's run reaches tens of millions of messages, whose whole
+    # ledger and changes (values and all) do not fit in memory (a --max 256x search was killed for it).
+    ledger = read_ledger(run_dir, columns=LEDGER_COLUMNS)
+    e2e = end_to_end_of(ledger, run_dir / "pipeline" / "output")
+    del ledger
     intended = e2e["intended_ts"].to_numpy(dtype=float) / 1000.0 if len(e2e) else np.zeros(0)
     latency = e2e["latency_ms"].to_numpy(dtype=float) if len(e2e) else np.zeros(0)
     steps = []
