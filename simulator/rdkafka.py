@@ -42,6 +42,7 @@ from llvmlite import binding
 from numba import carray, cfunc, types
 
 from simulator.config import SimulatorError
+from simulator.interrupts import held_interrupts
 from simulator.native import addr, jit, ptr
 from sotw.kafka import setting_text
 
@@ -508,9 +509,10 @@ class DirectProducer:
             raise SimulatorError(f"{head[_LOST]} delivery reports found the report log full")
         self._produced = 0
         if head[_COUNT]:  # a hint read without the mutex: ``_take_log`` reads it again under it
-            taken = _take_log(head, self._log)
-            if taken.shape[1]:
-                self._taken.append(taken)
+            with held_interrupts():  # taken out of the log, the reports must reach ``_taken``
+                taken = _take_log(head, self._log)
+                if taken.shape[1]:
+                    self._taken.append(taken)
 
     def close(self) -> None:
         """Destroy the client (what is still queued is dropped: flush first). Safe to call twice."""

@@ -35,6 +35,7 @@ import numpy as np
 from simulator.client import MessageProducer
 from simulator.config import SimulatorError
 from simulator.faults import MALFORMED, NONE
+from simulator.interrupts import held_interrupts
 from simulator.ledger import UPDATE, Ledger
 from simulator.planner import Message, UpdateRun
 from simulator.rdkafka import (
@@ -378,9 +379,10 @@ class Sender:
 
     def _record(self, producer: MessageProducer, now: float) -> None:
         """Hand ``producer``'s reports served so far to the ledger, dated ``now``."""
-        rows, offsets, codes = producer.take()
-        if len(rows):
-            self.ledger.acknowledge(rows, offsets, codes, now, error_text)
+        with held_interrupts():  # once taken from the producer, the reports must reach the ledger
+            rows, offsets, codes = producer.take()
+            if len(rows):
+                self.ledger.acknowledge(rows, offsets, codes, now, error_text)
 
     # ---- the end --------------------------------------------------------------------------------------
 
