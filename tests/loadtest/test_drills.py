@@ -157,12 +157,14 @@ recover_s = 60
 
 
 @pytest.mark.system  # a drill: a broker and a pipeline of its own
-def test_broker_data_loss_under_strict_stops_the_pipeline_within_three_triggers_naming_the_partition(
+def test_broker_data_loss_under_strict_stops_the_pipeline_within_five_triggers_naming_the_partition(
     tmp_path: Path,
 ):
     # The shipped drill asks for 2 triggers. A partition the pipeline had read to its end that vanishes is
     # judged when it comes back (a topic deleted after its last record was read loses nothing), and when it
-    # comes back depends on the simulator's first message after the restart: one trigger more on a busy machine.
+    # comes back depends on the simulator creating its topics again and sending its first message after the
+    # restart: 1.9-2.4 s after the incident's end on a busy machine, 3 or 4 triggers, hence 5, as the
+    # unclean-election-strict drill allows for the same reason.
     results = run_drill(
         drill(
             """
@@ -178,7 +180,7 @@ at_s = 5
 downtime_s = 1
 [expect]
 stopped = true
-stop_within_triggers = 3
+stop_within_triggers = 5
 stop_message = ["Kafka data lost", "topic '[^']+' partition \\\\d+ offsets (\\\\[\\\\d+, \\\\d+\\\\)|from \\\\d+ on)"]
 """
         ),
