@@ -19,9 +19,8 @@ Commands arrive as JSON lines on standard input (``loadtest.locust.commands``: `
 ``FireIncident``, ``StopLoad``, ``Finish``, ``Quit``) and events leave as JSON lines on standard output
 (``loadtest.locust.lines``). ``Finish`` runs in a thread of its own (the commands keep flowing) and reports its
 steps as ``progress`` events, once a second while it waits (drain, settle), so the UI shows how far the
-verification after a stop is. It imports nothing from
-Locust: Kafka's clients, Spark and the samplers' threads need real threads, which Locust's gevent would
-replace.
+verification after a stop is. It imports nothing from Locust: Kafka's clients, Spark and the samplers' threads
+need real threads, which Locust's gevent would replace.
 """
 
 from __future__ import annotations

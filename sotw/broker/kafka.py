@@ -566,10 +566,14 @@ class KafkaBroker(contextlib.AbstractContextManager["KafkaBroker"]):
         """The broker's admin client on the nodes' own listeners (past any proxy), made on first use."""
         with self._lock:
             if self._admin is None:
-                listen = ",".join(f"{self.host}:{n.ports.listen}" for n in self._nodes.values())
-                # Quiet: while a node is down, librdkafka logs each refused connection (errors still raise).
-                self._admin = AdminClient({"bootstrap.servers": listen, "log_level": 0})
+                self._admin = self._admin_on(self._nodes.values())
             return self._admin
+
+    def _admin_on(self, nodes: Iterable[_Node]) -> AdminClient:
+        """An admin client bootstrapped on ``nodes``' own listeners (past any proxy)."""
+        listen = ",".join(f"{self.host}:{n.ports.listen}" for n in nodes)
+        # Quiet: while a node is down, librdkafka logs each refused connection (errors still raise).
+        return AdminClient({"bootstrap.servers": listen, "log_level": 0})
 
     def _metadata(self) -> ClusterMetadata:
         """The cluster's metadata from a node that answers.
@@ -583,8 +587,7 @@ class KafkaBroker(contextlib.AbstractContextManager["KafkaBroker"]):
             answering = [n for n in self._nodes.values() if n.id not in frozen and n.alive()]
         if not frozen or not answering:
             return self.admin().list_topics(timeout=10)
-        listen = ",".join(f"{self.host}:{n.ports.listen}" for n in answering)
-        return AdminClient({"bootstrap.servers": listen, "log_level": 0}).list_topics(timeout=10)
+        return self._admin_on(answering).list_topics(timeout=10)
 
     def partitions(self, topics: Iterable[str] | None = None) -> list[PartitionState]:
         """Every partition of ``topics`` (all but the internal ones by default) as the metadata shows it now.
