@@ -52,6 +52,23 @@ from sotw import wire
 from sotw.broker import BROKERS, local_broker
 from sotw.kafka import KafkaConfig, ensure_topics
 
+#: Each side's name in ``--sides`` and its label in the summary, in the order a round runs them.
+LABELS = {
+    "bare": "bare producer loop",
+    "bare_reports": "bare + delivery reports",
+    "bare_ledger": "  + SHA-256 per value",
+    "bare_direct": "bare direct (sim client)",
+    "simulator": "simulator (updates)",
+}
+#: Each side's key in the JSON.
+KEYS = {
+    "bare": "bare",
+    "bare_reports": "bare_with_delivery_reports",
+    "bare_ledger": "bare_with_delivery_reports_and_sha256",
+    "bare_direct": "bare_direct",
+    "simulator": "simulator",
+}
+
 
 def broker_cpu_s(pid: int | None) -> float:
     """CPU seconds (user + system) the broker process has used so far; 0 when it is not ours to see."""
@@ -314,9 +331,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--partitions", type=int, default=3)
     parser.add_argument("--rows", type=int, default=200)
     parser.add_argument("--json", type=Path, default=Path("runs/bench-simulator-vs-bare.json"))
+    parser.add_argument(
+        "--sides",
+        default=",".join(LABELS),
+        help=f"the sides to run, comma-separated, in their order (default all: {','.join(LABELS)})",
+    )
     # The nightly gate's self-test: the simulator's sending made this fraction slower (0.25: 25 % slower).
     parser.add_argument("--plant-slowdown", type=float, default=0.0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    sides = [side.strip() for side in args.sides.split(",") if side.strip()]
+    unknown = sorted(set(sides) - set(LABELS))
+    if unknown or not sides:
+        parser.error(
+            f"--sides: no side {unknown[0] if unknown else '(none given)'!r}: choose from {', '.join(LABELS)}"
+        )
+    sides = [side for side in LABELS if side in sides]
     if args.plant_slowdown > 0:
         plant_slowdown(args.plant_slowdown)
     # Import what the simulator's set-up imports lazily (Arrow compute pulls in pandas: ~1 s of CPU), so the
@@ -332,13 +361,7 @@ def main(argv: list[str] | None = None) -> int:
     payload = payloads[[len(p) for p in payloads].index(sizes[len(sizes) // 2])]
 
     def go(kafka: KafkaConfig, broker_pid: int | None = None) -> dict:
-        results: dict[str, list] = {
-            "bare": [],
-            "bare_reports": [],
-            "bare_ledger": [],
-            "bare_direct": [],
-            "simulator": [],
-        }
+        results: dict[str, list] = {side: [] for side in LABELS}
 
         def timed(side: str, fn: Any, *fargs: Any, **kw: Any) -> dict:
             """Run one side and add the broker's CPU per message during it (local broker only)."""
@@ -363,6 +386,8 @@ def main(argv: list[str] | None = None) -> int:
         ]
         for r in range(args.repeats):
             for side, label, loop, options in bares:
+                if side not in sides:
+                    continue
                 _, topics = fresh_topics()
                 ensure_topics(kafka, dict.fromkeys(topics, args.partitions))
                 b = timed(side, loop, kafka, topics, args.partitions, payload, args.messages, **options)
@@ -373,6 +398,8 @@ def main(argv: list[str] | None = None) -> int:
                     f"broker {b['broker_cpu_us_per_msg'] or 0:.2f})",
                     flush=True,
                 )
+            if "simulator" not in sides:
+                continue
             prefix, topics = fresh_topics()
             sim = timed(
                 "simulator", simulator, kafka, prefix, args.sensors, args.partitions, args.rows, args.messages
@@ -396,69 +423,59 @@ def main(argv: list[str] | None = None) -> int:
             broker_note = f"local {args.broker} at {broker.bootstrap}"
             results = go(KafkaConfig(broker.bootstrap), next(iter(broker.pids.values()), None))
 
-    best_bare = max(b["rate"] for b in results["bare"])
-    best_sim = max(s["updates_per_s"] for s in results["simulator"])
-    ratio = best_sim / best_bare
     load = os.getloadavg()
+    rate = {"simulator": "updates_per_s"}  # the simulator's snapshots and closing ends are not updates
+    best = {k: max(r[rate.get(k, "rate")] for r in v) for k, v in results.items() if v}
+    med = {k: statistics.median(r[rate.get(k, "rate")] for r in v) for k, v in results.items() if v}
     print()
     print(f"{'':24}{'best msg/s':>14}{'median msg/s':>14}")
-    med_bare = statistics.median(b["rate"] for b in results["bare"])
-    print(f"{'bare producer loop':24}{best_bare:14,.0f}{med_bare:14,.0f}")
-    best_dr = max(b["rate"] for b in results["bare_reports"])
-    med_dr = statistics.median(b["rate"] for b in results["bare_reports"])
-    print(f"{'bare + delivery reports':24}{best_dr:14,.0f}{med_dr:14,.0f}")
-    best_led = max(b["rate"] for b in results["bare_ledger"])
-    med_led = statistics.median(b["rate"] for b in results["bare_ledger"])
-    print(f"{'  + SHA-256 per value':24}{best_led:14,.0f}{med_led:14,.0f}")
-    best_direct = max(b["rate"] for b in results["bare_direct"])
-    med_direct = statistics.median(b["rate"] for b in results["bare_direct"])
-    print(f"{'bare direct (sim client)':24}{best_direct:14,.0f}{med_direct:14,.0f}")
-    med_sim = statistics.median(s["updates_per_s"] for s in results["simulator"])
-    print(f"{'simulator (updates)':24}{best_sim:14,.0f}{med_sim:14,.0f}")
-    best_whole = max(s["updates_per_s_with_records"] for s in results["simulator"])
-    med_whole = statistics.median(s["updates_per_s_with_records"] for s in results["simulator"])
-    print(f"{'  incl. ledger written':24}{best_whole:14,.0f}{med_whole:14,.0f}")
-    print(f"{'ratio simulator / bare':24}{ratio:14.2f}")
-    print(f"{'ratio of medians':24}{med_sim / med_bare:14.2f}")
-    print(f"{'ratio sim / bare+dr':24}{best_sim / best_dr:14.2f}")
-    print(f"{'ratio sim / bare direct':24}{best_sim / best_direct:14.2f}")
-    print(f"{'ratio bare+dr+sha / bare':24}{best_led / best_bare:14.2f}")
-    # What the loop's own thread costs per message: the rate each side could reach with a core to itself
-    # (an upper bound; the broker and librdkafka's threads need the other core).
-    sim_thread = min(s["main_thread_us_per_msg"] for s in results["simulator"])
-    bare_thread = min(b["main_thread_us_per_msg"] for b in results["bare"])
-    print(
-        f"loop thread CPU per message (best): bare {bare_thread:.2f} us, simulator {sim_thread:.2f} us "
-        f"-> simulator ceiling with a core of its own {1e6 / sim_thread:,.0f} msg/s"
-    )
-    print(
-        f"payload {len(payload)} bytes, {args.messages:,} messages per run, {args.sensors} topics x "
-        f"{args.partitions} partitions, broker: {broker_note}, load average {load[0]:.1f}"
-    )
-    doc = {
+    for side, label in LABELS.items():
+        if side in best:
+            print(f"{label:24}{best[side]:14,.0f}{med[side]:14,.0f}")
+    doc: dict[str, Any] = {
         "messages": args.messages,
         "payload_bytes": len(payload),
         "sensors": args.sensors,
         "partitions": args.partitions,
         "broker": broker_note,
-        "bare": results["bare"],
-        "bare_with_delivery_reports": results["bare_reports"],
-        "best_bare_with_delivery_reports": best_dr,
-        "bare_with_delivery_reports_and_sha256": results["bare_ledger"],
-        "best_bare_with_delivery_reports_and_sha256": best_led,
-        "ratio_bare_with_delivery_reports_and_sha256": best_led / best_bare,
-        "bare_direct": results["bare_direct"],
-        "best_bare_direct": best_direct,
-        "ratio_to_bare_direct": best_sim / best_direct,
-        "ratio_of_medians": med_sim / med_bare,
-        "simulator": results["simulator"],
-        "best_bare": best_bare,
-        "best_simulator_updates_per_s": best_sim,
-        "best_simulator_updates_per_s_with_records": best_whole,
-        "ratio": ratio,
-        "best_main_thread_us_per_msg": {"bare": bare_thread, "simulator": sim_thread},
+        "sides": list(sides),
+        **{KEYS[side]: results[side] for side in sides},
+        **{f"best_{KEYS[side]}": best[side] for side in sides if side != "simulator"},
         "targets": {"updates_per_s": 100_000, "ratio": 0.6},
     }
+    if "simulator" in best:
+        whole = [s["updates_per_s_with_records"] for s in results["simulator"]]
+        print(f"{'  incl. ledger written':24}{max(whole):14,.0f}{statistics.median(whole):14,.0f}")
+        doc["best_simulator_updates_per_s"] = best["simulator"]
+        doc["best_simulator_updates_per_s_with_records"] = max(whole)
+        for side, key, label in [
+            ("bare", "ratio", "ratio simulator / bare"),
+            ("bare_reports", "ratio_to_bare_with_delivery_reports", "ratio sim / bare+dr"),
+            ("bare_direct", "ratio_to_bare_direct", "ratio sim / bare direct"),
+        ]:
+            if side in best:
+                doc[key] = best["simulator"] / best[side]
+                print(f"{label:24}{doc[key]:14.2f}")
+        if "bare" in best:
+            doc["ratio_of_medians"] = med["simulator"] / med["bare"]
+            print(f"{'ratio of medians':24}{doc['ratio_of_medians']:14.2f}")
+    if "bare_ledger" in best and "bare" in best:
+        doc["ratio_bare_with_delivery_reports_and_sha256"] = best["bare_ledger"] / best["bare"]
+        print(f"{'ratio bare+dr+sha / bare':24}{doc['ratio_bare_with_delivery_reports_and_sha256']:14.2f}")
+    if "simulator" in best and "bare" in best:
+        # What the loop's own thread costs per message: the rate each side could reach with a core to itself
+        # (an upper bound; the broker and librdkafka's threads need the other core).
+        sim_thread = min(s["main_thread_us_per_msg"] for s in results["simulator"])
+        bare_thread = min(b["main_thread_us_per_msg"] for b in results["bare"])
+        doc["best_main_thread_us_per_msg"] = {"bare": bare_thread, "simulator": sim_thread}
+        print(
+            f"loop thread CPU per message (best): bare {bare_thread:.2f} us, simulator {sim_thread:.2f} us "
+            f"-> simulator ceiling with a core of its own {1e6 / sim_thread:,.0f} msg/s"
+        )
+    print(
+        f"payload {len(payload)} bytes, {args.messages:,} messages per run, {args.sensors} topics x "
+        f"{args.partitions} partitions, broker: {broker_note}, load average {load[0]:.1f}"
+    )
     write_results(args.json, doc, load)
     return 0
 

@@ -33,12 +33,12 @@ class Sizes:
     budget_s: float = 1740.0
 
 
-FULL = Sizes("full", 300_000, 200_000, 25_000, 24, "baseline", 20.0, ("1x", "10x"), BENCHMARKS)
+FULL = Sizes("full", 2_000_000, 200_000, 25_000, 24, "baseline", 20.0, ("1x", "10x"), BENCHMARKS)
 
 
 QUICK = Sizes(
     "quick",
-    200_000,
+    2_000_000,
     16_000,
     4_000,
     4,

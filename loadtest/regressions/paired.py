@@ -5,12 +5,13 @@ so both meet the same neighbours and the same drift of a shared machine. Each re
 each pair a ratio B / A. ``judge_pair`` judges a metric on the mean of the pairs' log ratios and a one-sided
 Student-t bound on it, the way ``asv continuous`` and pytest-benchmark's compare mode judge a change:
 
-- **regression**: even the bound nearest "no change" is worse than the metric's smallest effect that counts
-  (``MIN_EFFECT``, per kind);
+- **regression**: the bound is narrow enough to tell (below), and even its end nearest "no change" is worse
+  than the metric's smallest effect that counts (``MIN_EFFECT``, per kind);
 - **improved**: the same, the other way;
 - **ok**: the interval reaches "no change" or stays within the smallest effect;
 - **unjudged**, with the reason: fewer than two pairs, a bound too wide to tell a regression of the smallest
-  effect from none (``too_noisy``), or values a ratio cannot be taken of.
+  effect from none (``too_noisy``; this comes first: a wide bound beyond the smallest effect is a few pairs
+  that happened to agree, not a finding), or values a ratio cannot be taken of.
 
 Lag, latency and recovery times can be near zero, where a ratio means little: their values are offset by a
 small amount in their unit (``OFFSET``) before the ratio is taken, so 0.05 s against 0.10 s of lag is not
@@ -115,16 +116,18 @@ def judge_pair(
     )
     # Worse is down for a metric where higher is better: flip so that "worse" is always up.
     worse_low, worse_high = (-high, -low) if better == "higher" else (low, high)
-    if worse_low > limit:
-        return PairedJudgement(status="regression", **verdict, **common)  # type: ignore[arg-type]
-    if worse_high < -limit:
-        return PairedJudgement(status="improved", **verdict, **common)  # type: ignore[arg-type]
+    # Too wide a bound is judged neither way, even when it lies beyond the smallest effect: a few pairs that
+    # happen to agree while the runs swing by a third make a bound that excludes "no change" for nothing.
     if half > MAX_WIDTH * limit:
         why = (
             f"too noisy: the 95% bound x{math.exp(low):.2f}-x{math.exp(high):.2f} is wider than "
             f"{MAX_WIDTH:g} times the smallest effect ({effect:.0%}) on either side; more repeats would tell"
         )
         return PairedJudgement(status="unjudged", reason=why, **verdict, **common)  # type: ignore[arg-type]
+    if worse_low > limit:
+        return PairedJudgement(status="regression", **verdict, **common)  # type: ignore[arg-type]
+    if worse_high < -limit:
+        return PairedJudgement(status="improved", **verdict, **common)  # type: ignore[arg-type]
     return PairedJudgement(status="ok", **verdict, **common)  # type: ignore[arg-type]
 
 

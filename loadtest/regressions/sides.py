@@ -81,6 +81,10 @@ class SideRuns:
             *args,
         ]
 
+    def _takes(self, script: str, option: str) -> bool:
+        """Whether this side's copy of a benchmark script has ``option``: a baseline older than it has not."""
+        return f'"{option}"' in (self.side.tree / "benchmarks" / script).read_text()
+
     def _sotw(self, command: str, *args: str) -> list[str]:
         return [self.side.python, "-m", "sotw", command, "--bootstrap", self.config.bootstrap, *args]
 
@@ -98,6 +102,8 @@ class SideRuns:
         out = self.dir / f"simulator_vs_bare-{i + 1}.json"
         argv = self._script("simulator_vs_bare.py", "--messages", str(self.config.sizes.simulator_messages),
                             "--repeats", "1", "--json", str(out))  # fmt: skip
+        if self._takes("simulator_vs_bare.py", "--sides"):
+            argv += ["--sides", "bare,simulator"]  # the two the night's metrics read
         if self.planted and self.config.plant_simulator_slowdown > 0:
             argv += ["--plant-slowdown", f"{self.config.plant_simulator_slowdown:g}"]
         if self.command(f"simulator_vs_bare-{i + 1}", argv, out):

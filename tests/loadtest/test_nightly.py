@@ -111,7 +111,7 @@ def test_the_trend_page_draws_one_chart_per_headline_metric_and_names_the_regres
 
     history = [
         paired(1, [0.1, 0.11, 0.12], [0.11, 0.1, 0.12]),
-        paired(2, [0.02, 0.03, 0.025], [0.1, 0.11, 0.1]),
+        paired(2, [0.02, 0.022, 0.021], [0.1, 0.11, 0.1]),
     ]
     page = write_trend(history, tmp_path / "trend.html").read_text()
     assert page.count("data:image/png;base64,") == 2
@@ -153,6 +153,14 @@ def test_pairs_too_noisy_to_tell_are_reported_not_judged_with_the_reason():
     assert judged.status == "unjudged" and judged.reason.startswith("too noisy")
     one = judge_pair("drill.recover_s.kill", "recovery", "lower", [12.0], [30.0])
     assert one.status == "unjudged" and one.reason == "one pair: no bound"
+
+
+def test_three_pairs_that_agree_on_a_wide_bound_are_not_a_regression():
+    # A CI run's unchanged code: three pairs of half-second runs, all three on the candidate's low side.
+    baseline, candidate = [0.9, 0.89, 0.62], [0.55, 0.36, 0.36]
+    judged = judge_pair("simulator_vs_bare.ratio", "ratio", "higher", baseline, candidate)
+    assert judged.high < 1 / 1.1, "the bound lies beyond the smallest effect..."
+    assert judged.status == "unjudged" and judged.reason.startswith("too noisy"), "...but is too wide to tell"
 
 
 def test_lag_near_zero_is_not_a_ratio_of_tiny_numbers():
