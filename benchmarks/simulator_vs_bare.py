@@ -294,30 +294,49 @@ def simulator(kafka: KafkaConfig, prefix: str, sensors: int, partitions: int, ro
     }
 
 
-def plant_slowdown(fraction: float) -> None:
-    """Make the simulator ``fraction`` slower (a planted regression): its loop thread's CPU per message grows to
-    ``1 / (1 - fraction)`` of what it was, as slower code in the loop would make it.
+#: The planted slowdown's helper: for each pause it is sent, it waits until the simulator's process has
+#: stopped itself, lets that pause pass, and wakes it (a process cannot wake itself from SIGSTOP).
+WAKER = """
+import os, signal, sys, time
+pid = int(sys.argv[1])
+for line in sys.stdin:
+    while open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "T":
+        time.sleep(0.0005)
+    time.sleep(float(line))
+    os.kill(pid, signal.SIGCONT)
+"""
 
-    After each stretch of updates it sends, the loop thread spins (holding the GIL, as Python code does) until
-    the CPU time it spent since its first stretch is ``1 / (1 - fraction)`` of the CPU time it spent working.
-    A sleep instead would not do: while the loop sleeps, the producer's queue drains and the ledger's thread
-    and the broker get its core, and a sleep planted as 25 % measured 12 % slower with 2,000,000 messages.
+
+def plant_slowdown(fraction: float) -> None:
+    """Make the simulator ``fraction`` slower (a planted regression): its whole process stops, now and then, for
+    ``fraction`` of the time since its first stretch of updates, as a host or runtime that stalls it would.
+
+    After each stretch it sends, once the stop owed passes 20 ms, the process stops itself (SIGSTOP) and a
+    helper process wakes it when that time is over. Every thread stops, librdkafka's and the ledger's too, so
+    nothing catches up meanwhile: a sleep of the loop thread alone, while the producer's queue drained and
+    the other threads and the broker took its core, made 25 % planted measure 12 % slower.
     """
+    import signal
+    import subprocess
+
     from simulator.sender import Sender
 
+    waker = subprocess.Popen(
+        [sys.executable, "-c", WAKER, str(os.getpid())], stdin=subprocess.PIPE, text=True
+    )
     send = Sender.send_stretch
     clocks: weakref.WeakKeyDictionary[Sender, list[float]] = weakref.WeakKeyDictionary()
 
     def slower(self: Sender, *args: Any, **kwargs: Any) -> None:
-        clock = clocks.setdefault(self, [time.thread_time(), 0.0])  # the first stretch's CPU clock, CPU spun
+        clock = clocks.setdefault(self, [time.perf_counter(), 0.0])  # one run's first stretch, time stopped
         send(self, *args, **kwargs)
-        worked = time.thread_time() - clock[0] - clock[1]
-        spin = worked * fraction / (1.0 - fraction) - clock[1]
-        if spin > 0:
-            until = time.thread_time() + spin
-            while time.thread_time() < until:
-                pass
-            clock[1] += spin
+        owed = (time.perf_counter() - clock[0]) * fraction - clock[1]
+        if owed > 0.02:
+            assert waker.stdin is not None
+            waker.stdin.write(f"{owed}\n")
+            waker.stdin.flush()
+            os.kill(os.getpid(), signal.SIGSTOP)
+            clock[1] += owed
 
     Sender.send_stretch = slower  # type: ignore[method-assign]
 
@@ -358,6 +377,10 @@ def main(argv: list[str] | None = None) -> int:
 
     pc.if_else(pc.equal(1, 1), 1, 2)
     Faker()
+    # ... and the compiled kernels, which a fresh checkout (a nightly's baseline) compiles on first use.
+    warm = SensorTable(args.rows, 4, np.random.default_rng(0), 0.05, 0.05).store
+    warm.warm_up()
+    warm.encoder().warm_up()
 
     payloads = sample_payloads(args.sensors, args.rows)
     sizes = sorted(len(p) for p in payloads)

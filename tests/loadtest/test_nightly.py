@@ -229,9 +229,9 @@ def test_a_quarter_slower_simulator_is_named_on_its_rate(tmp_path, kafka):
 @pytest.mark.slow
 def test_a_planted_per_batch_delay_is_named_on_batch_duration_lag_and_end_to_end_latency(tmp_path, kafka):
     code, text, entry = run_gate(
-        tmp_path, kafka, "--only", "bench", "--repeats", "3", "--plant-batch-delay", "0.3"
+        tmp_path, kafka, "--only", "bench", "--repeats", "3", "--plant-batch-delay", "0.5"
     )
-    assert code == 1 and entry.planted == {"batch_delay_s": "0.3"}
+    assert code == 1 and entry.planted == {"batch_delay_s": "0.5"}
     flagged = {j.name for j in entry.paired if j.status == "regression"}
     assert {"bench_1x.batch_duration", "bench_1x.lag_age_p95", "bench_1x.end_to_end_p99"} <= flagged, text
     assert (tmp_path / "trend.html").is_file()
