@@ -1,6 +1,6 @@
 """What each incident did to the pipeline: time to detect, time to recover, peaks, and whether it stopped.
 
-The measurements come from what the run already records: the once-a-second samples (lag in offsets and
+The measurements come from what the run already records: the samples taken about once a second (lag in offsets and
 the age of the oldest unprocessed message) and the end-to-end latency of every applied message (when it was
 meant to be sent, when the batch that wrote it committed). Definitions, stated once here and in
 docs/loadtest.md:

@@ -1,6 +1,6 @@
-"""Once-a-second measurements of a running system, each probe a small class with ``sample() -> dict``.
+"""Measurements of a running system about once a second, each probe a small class with ``sample() -> dict``.
 
-The sampler thread merges the probes' readings into one row per second (``samples.jsonl``), which the report
+The sampler thread merges the probes' readings into one row about every second (``samples.jsonl``), which the report
 turns into throughput, lag and resource charts. Probes read what the parts already publish (the simulator's
 counters, Kafka's end offsets, the pipeline's checkpoint or its consumer group's offsets, its progress log,
 commit markers or Delta log, ``/proc``), so the system under test is not slowed by being watched and need
@@ -173,12 +173,13 @@ class ThreadCpuProbe:
 class Sampler(threading.Thread):
     """Calls every probe about once per ``interval`` seconds and keeps (and appends to ``path``) one row per call.
 
-    The gaps between rows are drawn at random between half and one and a half ``interval``: at a fixed
-    second, each row met the pipeline's one-second trigger at the same point of its cycle, so one run's lag
-    age read about the same all through (0.54-0.67 s) and another's a second higher (1.10-1.20 s), and a
-    steady phase's lag figures told which point of the cycle the run had started at. Random gaps sample the
-    whole cycle. A failing probe is logged and skipped for that row; it must not end the run. Each probe's CPU
-    time in this thread is added up in the row as ``probe_cpu_s_<name>``.
+    The gaps between rows are drawn between half and one and a half ``interval`` (from a seeded generator, so
+    a run's gaps are the same each time): at a fixed second, every row would meet the pipeline's one-second
+    trigger at the same point of its cycle, the lag age would read about the same all through a run, and a
+    steady phase's lag figures would tell which point of the cycle the run started at rather than how far
+    behind the pipeline is. Varied gaps sample the whole cycle. A failing probe is logged and skipped for that
+    row; it must not end the run. Each probe's CPU time in this thread is added up in the row as
+    ``probe_cpu_s_<name>``.
     """
 
     def __init__(
@@ -198,7 +199,7 @@ class Sampler(threading.Thread):
         self.probe_cpu_s = dict.fromkeys(self._probes, 0.0)
         self._t0 = time.time()
         self._first = threading.Event()
-        self._gaps = random.Random()
+        self._gaps = random.Random(0)
 
     def run(self) -> None:
         """Sample until stopped."""
@@ -227,7 +228,7 @@ class Sampler(threading.Thread):
                 now = time.monotonic()
                 if next_at < now:
                     # A slow sample (a broker that does not answer) must not be followed by a burst of samples
-                    # catching up: skip the missed ticks, one row per interval.
+                    # catching up: skip the missed ticks.
                     next_at += ((now - next_at) // self._interval + 1) * self._interval
                 self._halt.wait(max(0.0, next_at - now))
 

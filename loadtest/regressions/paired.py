@@ -10,8 +10,9 @@ Student-t bound on it, the way ``asv continuous`` and pytest-benchmark's compare
 - **improved**: the same, the other way;
 - **ok**: the interval reaches "no change" or stays within the smallest effect;
 - **unjudged**, with the reason: fewer than two pairs, a bound too wide to tell a regression of the smallest
-  effect from none (``too_noisy``; this comes first: a wide bound beyond the smallest effect is a few pairs
-  that happened to agree, not a finding), or values a ratio cannot be taken of.
+  effect from none (``too_noisy``; this comes first: a wide bound beyond the smallest effect is as likely a
+  few pairs that agree by chance as a finding, and its reason says which way it lies), or values a ratio
+  cannot be taken of.
 
 Lag, latency and recovery times can be near zero, where a ratio means little: their values are offset by a
 small amount in their unit (``OFFSET``) before the ratio is taken, so 0.05 s against 0.10 s of lag is not
@@ -117,11 +118,14 @@ def judge_pair(
     # Worse is down for a metric where higher is better: flip so that "worse" is always up.
     worse_low, worse_high = (-high, -low) if better == "higher" else (low, high)
     # Too wide a bound is judged neither way, even when it lies beyond the smallest effect: a few pairs that
-    # happen to agree while the runs swing by a third make a bound that excludes "no change" for nothing.
+    # agree by chance while the runs swing by a third make such a bound as readily as a real change does.
     if half > MAX_WIDTH * limit:
+        lean = ""
+        if worse_low > limit or worse_high < -limit:
+            lean = f", though the whole bound is {'worse' if worse_low > limit else 'better'} than that"
         why = (
             f"too noisy: the 95% bound x{math.exp(low):.2f}-x{math.exp(high):.2f} is wider than "
-            f"{MAX_WIDTH:g} times the smallest effect ({effect:.0%}) on either side; more repeats would tell"
+            f"{MAX_WIDTH:g} times the smallest effect ({effect:.0%}) on either side{lean}; more repeats would tell"
         )
         return PairedJudgement(status="unjudged", reason=why, **verdict, **common)  # type: ignore[arg-type]
     if worse_low > limit:
