@@ -100,6 +100,11 @@ class NightlyConfig:
     max_repeats: int = 0
 
     def __post_init__(self) -> None:
+        # Each side's commands run in that side's own tree, so a path given relative to where the night was
+        # started (``runs/nightly``, a drill file) would name another place, or nothing, on the baseline's side.
+        object.__setattr__(self, "root", self.root.resolve())
+        if self.drill and Path(self.drill).is_file():
+            object.__setattr__(self, "drill", str(Path(self.drill).resolve()))
         unknown = sorted(set(self.only) - set(BENCHMARKS))
         if unknown:
             raise HarnessError(f"no benchmark {unknown[0]!r}: choose from {', '.join(BENCHMARKS)}")

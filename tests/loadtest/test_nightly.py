@@ -198,28 +198,34 @@ def test_the_workflow_runs_make_nightly_nightly_and_on_demand_keeps_the_history_
     assert job["timeout-minutes"] * 60 <= 6 * 3600
 
 
-def run_gate(tmp_path: Path, kafka, *flags: str) -> tuple[int, str, Entry]:
-    """``sotw nightly`` with the working tree's HEAD as its own baseline, on the test broker."""
-    args = ["--quick", "--baseline", "HEAD", "--history", str(tmp_path), "--bootstrap", kafka.bootstrap, "-q"]
+def run_gate(tmp_path: Path, kafka, monkeypatch, *flags: str) -> tuple[int, str, Entry]:
+    """``sotw nightly`` with the working tree's HEAD as its own baseline, on the test broker.
+
+    Started from ``tmp_path`` with a relative history root, as ``make nightly`` starts it with ``runs/nightly``:
+    the baseline's side runs in a tree of its own and must still find where its figures go.
+    """
+    monkeypatch.chdir(tmp_path)
+    args = ["--quick", "--baseline", "HEAD", "--history", "nightly", "--bootstrap", kafka.bootstrap, "-q"]
     code = nightly.main([*args, *flags])
-    return code, (tmp_path / "comparison.md").read_text(), load_history(tmp_path / "history")[-1]
+    root = tmp_path / "nightly"
+    return code, (root / "comparison.md").read_text(), load_history(root / "history")[-1]
 
 
-def test_the_gate_passes_unchanged_code_measured_beside_itself(tmp_path, kafka):
+def test_the_gate_passes_unchanged_code_measured_beside_itself(tmp_path, kafka, monkeypatch):
     code, text, entry = run_gate(
-        tmp_path, kafka, "--only", "simulator_vs_bare", "--repeats", "3", "--max-repeats", "3"
+        tmp_path, kafka, monkeypatch, "--only", "simulator_vs_bare", "--repeats", "3", "--max-repeats", "3"
     )
     assert code == 0, text
     assert "no regression" in text and entry.verdict == "pass" and entry.baseline_commit
     assert len(entry.baseline_metrics) == len(entry.metrics) and all(j.pairs == 3 for j in entry.paired)
-    assert (tmp_path / "baselines" / entry.baseline_commit[:12] / "pyproject.toml").is_file()
+    assert (tmp_path / "nightly" / "baselines" / entry.baseline_commit[:12] / "pyproject.toml").is_file()
 
 
 @pytest.mark.slow
-def test_a_quarter_slower_simulator_is_named_on_its_rate(tmp_path, kafka):
+def test_a_quarter_slower_simulator_is_named_on_its_rate(tmp_path, kafka, monkeypatch):
     # Five pairs, and up to twelve while a metric is too noisy to judge (a busy machine).
     only = ["--only", "simulator_vs_bare", "--repeats", "5", "--max-repeats", "12"]
-    code, text, entry = run_gate(tmp_path, kafka, *only, "--plant-simulator-slowdown", "0.25")
+    code, text, entry = run_gate(tmp_path, kafka, monkeypatch, *only, "--plant-simulator-slowdown", "0.25")
     assert code == 1 and entry.verdict == "regression", text
     assert "REGRESSION simulator_vs_bare.simulator_rate x0." in text, text
     assert entry.planted == {"simulator_slowdown": "0.25"}
@@ -228,9 +234,11 @@ def test_a_quarter_slower_simulator_is_named_on_its_rate(tmp_path, kafka):
 
 
 @pytest.mark.slow
-def test_a_planted_per_batch_delay_is_named_on_batch_duration_lag_and_end_to_end_latency(tmp_path, kafka):
+def test_a_planted_per_batch_delay_is_named_on_batch_duration_lag_and_end_to_end_latency(
+    tmp_path, kafka, monkeypatch
+):
     code, text, entry = run_gate(
-        tmp_path, kafka, "--only", "bench", "--repeats", "3", "--plant-batch-delay", "0.5"
+        tmp_path, kafka, monkeypatch, "--only", "bench", "--repeats", "3", "--plant-batch-delay", "0.5"
     )
     assert code == 1 and entry.planted == {"batch_delay_s": "0.5"}
     judged = {j.name: j for j in entry.paired}
@@ -240,4 +248,4 @@ def test_a_planted_per_batch_delay_is_named_on_batch_duration_lag_and_end_to_end
     # is named, or reported as too noisy to judge, never passed as unchanged.
     lag = judged["bench_1x.lag_age_p95"]
     assert lag.status == "regression" or lag.reason.startswith("too noisy"), text
-    assert (tmp_path / "trend.html").is_file()
+    assert (tmp_path / "nightly" / "trend.html").is_file()
