@@ -44,8 +44,10 @@ class ProcessGroup:
         """The id of the group (the watchdog's pid)."""
         return self._watchdog.pid
 
-    def spawn(self, args: Sequence[str], env: Mapping[str, str], log_path: Path) -> subprocess.Popen[bytes]:
-        """Start ``args`` in the group with exactly ``env``, its output appended to ``log_path``."""
+    def spawn(
+        self, args: Sequence[str], env: Mapping[str, str], log_path: Path, cwd: Path | None = None
+    ) -> subprocess.Popen[bytes]:
+        """Start ``args`` in the group with exactly ``env`` (in ``cwd``), its output appended to ``log_path``."""
         with open(log_path, "ab") as out:
             return subprocess.Popen(
                 list(args),
@@ -53,6 +55,7 @@ class ProcessGroup:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 env=dict(env),
+                cwd=cwd,
                 process_group=self.pgid,
             )
 

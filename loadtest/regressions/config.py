@@ -83,6 +83,8 @@ class NightlyConfig:
     bootstrap
         The Kafka cluster every benchmark of both sides uses; empty to start one broker for the night (both
         sides then meet the same broker, as they meet the same machine).
+    command_timeout_s
+        The longest one benchmark command may run before it is stopped as hung; 0 for half the night's budget.
     """
 
     root: Path
@@ -98,6 +100,7 @@ class NightlyConfig:
     python: str = sys.executable
     bootstrap: str = ""
     max_repeats: int = 0
+    command_timeout_s: float = 0.0
 
     def __post_init__(self) -> None:
         # Each side's commands run in that side's own tree, so a path given relative to where the night was
@@ -108,6 +111,10 @@ class NightlyConfig:
         unknown = sorted(set(self.only) - set(BENCHMARKS))
         if unknown:
             raise HarnessError(f"no benchmark {unknown[0]!r}: choose from {', '.join(BENCHMARKS)}")
+        if self.command_timeout_s < 0:
+            raise HarnessError(
+                f"--command-timeout must be positive, or 0 for the default, got {self.command_timeout_s:g}"
+            )
         if self.repeats < 1:
             raise HarnessError(f"--repeats must be at least 1, got {self.repeats}")
         if not 0.0 <= self.plant_simulator_slowdown < 1.0:
@@ -124,6 +131,16 @@ class NightlyConfig:
     def benchmarks(self) -> tuple[str, ...]:
         """The benchmarks this night runs, in order."""
         return tuple(b for b in BENCHMARKS if b in self.only) if self.only else self.sizes.benchmarks
+
+    @property
+    def command_limit_s(self) -> float:
+        """The longest one benchmark command may run before it is stopped as hung.
+
+        By default half the night's budget: a command that long leaves no time for its other side, so it is
+        hung (a broker that stopped answering, a process that never ends), and the night goes on without it
+        instead of never ending.
+        """
+        return self.command_timeout_s or self.sizes.budget_s / 2
 
     @property
     def most_repeats(self) -> int:

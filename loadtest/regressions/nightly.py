@@ -43,7 +43,7 @@ from loadtest.regressions.history import (
 )
 from loadtest.regressions.paired import PairedJudgement, judgement_lines, judgement_rows
 from loadtest.regressions.sidebyside import BASELINE, CANDIDATE, Side, install_baseline, resolve
-from loadtest.regressions.sides import Paired, SideRuns
+from loadtest.regressions.sides import TIMED_OUT, Paired, SideRuns
 from loadtest.regressions.trend import write_trend
 
 log = logging.getLogger(__name__)
@@ -193,6 +193,13 @@ def failed_benchmarks(runs: Sequence[BenchmarkRun]) -> list[BenchmarkRun]:
     ]
 
 
+def how_it_ended(run: BenchmarkRun) -> str:
+    """A failed command's end as the night reports it: its exit code, or that it was stopped as hung."""
+    return (
+        f"stopped after {run.seconds:.0f} s, hung" if run.exit_code == TIMED_OUT else f"exit {run.exit_code}"
+    )
+
+
 def comparison_text(entry: Entry) -> str:
     """The night as a CI log shows it: regressions first, each with its ratio, bound and both values."""
     head = (
@@ -217,7 +224,7 @@ def write_comparison(config: NightlyConfig, entry: Entry) -> Path:
     ]
     failed = failed_benchmarks(entry.benchmarks)
     if failed:
-        text += ["", "Failed benchmarks: " + ", ".join(f"{b.name} (exit {b.exit_code})" for b in failed)]
+        text += ["", "Failed benchmarks: " + ", ".join(f"{b.name} ({how_it_ended(b)})" for b in failed)]
     path = config.root / "comparison.md"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(text) + "\n", encoding="utf-8")
@@ -273,6 +280,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="the Kafka cluster of every benchmark (default: one broker for the night)",
     )
+    p.add_argument(
+        "--command-timeout",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="stop a benchmark command that runs longer, as hung (default: half the night's budget)",
+    )
     p.add_argument("--compare-only", action="store_true", help="print the latest entry again; run nothing")
     p.add_argument("--plant-batch-delay", type=float, default=0.0, help=argparse.SUPPRESS)
     p.add_argument("--plant-simulator-slowdown", type=float, default=0.0, help=argparse.SUPPRESS)
@@ -302,6 +316,7 @@ def main(argv: Sequence[str]) -> int:
         plant_batch_delay_s=args.plant_batch_delay,
         plant_simulator_slowdown=args.plant_simulator_slowdown,
         bootstrap=args.bootstrap or "",
+        command_timeout_s=args.command_timeout,
     )
     if args.compare_only:
         history = load_history(config.history_dir)
@@ -314,6 +329,6 @@ def main(argv: Sequence[str]) -> int:
     print(comparison_text(entry))
     failed = failed_benchmarks(entry.benchmarks)
     for b in failed:
-        print(f"FAILED benchmark {b.name}: exit code {b.exit_code} (log {b.log})")
+        print(f"FAILED benchmark {b.name}: {how_it_ended(b)} (log {b.log})")
     print(f"trend: {config.root / 'trend.html'}\ncomparison: {path}")
     return 1 if entry.verdict != "pass" else 0

@@ -21,6 +21,12 @@ from loadtest.regressions.metrics import (
 from loadtest.regressions.paired import PairedJudgement, judge_pair
 from loadtest.regressions.sidebyside import BASELINE, CANDIDATE, Side
 from loadtest.reports.results import Results
+from sotw.processgroup import ProcessGroup, stop_process
+
+#: The exit code a command stopped at the night's time limit is recorded with (as ``timeout(1)`` exits).
+TIMED_OUT = 124
+#: How long a stopped command gets to end after SIGTERM before it is killed.
+STOP_GRACE_S = 10.0
 
 QUICK_DRILL = """[drill]
 description = "kill -9 of the pipeline on the smoke profile, restarted 3 s later (the quick nightly's drill)"
@@ -54,22 +60,40 @@ class SideRuns:
         directory.mkdir(parents=True, exist_ok=True)
 
     def command(self, name: str, argv: list[str], output: Path) -> bool:
-        """Run one command with its log, in the side's tree and environment; record it; True if it exited 0."""
+        """Run one command with its log, in the side's tree and environment; record it; True if it exited 0.
+
+        The command and every process it starts run in a process group of their own, which is killed when
+        the command ends, or when the night does however it ends (``sotw.processgroup``). A command that runs
+        past ``NightlyConfig.command_limit_s`` is stopped (SIGTERM, then SIGKILL) and recorded as
+        ``TIMED_OUT``; a Ctrl-C or an error of the night stops it the same way.
+        """
         self.say(f"nightly: {self.side.name} {name}: {' '.join(argv[1:])}")
         log_path = self.dir / f"{name}.log"
+        limit = self.config.command_limit_s
         start = time.monotonic()
-        with log_path.open("ab") as out:
-            code = subprocess.run(
-                argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, check=False,
-                cwd=self.side.tree, env=self.side.environment(),
-            ).returncode  # fmt: skip
+        group = ProcessGroup()
+        try:
+            process = group.spawn(argv, self.side.environment(), log_path, cwd=self.side.tree)
+            try:
+                code = process.wait(timeout=limit)
+            except subprocess.TimeoutExpired:
+                stop_process(process, STOP_GRACE_S)
+                code = TIMED_OUT
+                with log_path.open("a") as log:
+                    log.write(f"\nnightly: stopped after {limit:.0f} s, the longest a command may run\n")
+            except BaseException:
+                stop_process(process, STOP_GRACE_S)
+                raise
+        finally:
+            group.close()
         seconds = time.monotonic() - start
         self.runs.append(
             BenchmarkRun(
                 f"{self.side.name}/{name}", argv, round(seconds, 1), code, str(output), str(log_path)
             )
         )
-        self.say(f"nightly: {self.side.name} {name} exited {code} after {seconds:.0f} s")
+        ended = "was stopped (hung)" if code == TIMED_OUT else f"exited {code}"
+        self.say(f"nightly: {self.side.name} {name} {ended} after {seconds:.0f} s")
         return code == 0
 
     def _script(self, name: str, *args: str) -> list[str]:

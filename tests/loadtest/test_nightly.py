@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import math
+import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 import yaml
 
 from loadtest.errors import HarnessError
 from loadtest.regressions import nightly
+from loadtest.regressions.config import NightlyConfig
 from loadtest.regressions.history import Entry, Metric, baseline_of, compare, load_history
 from loadtest.regressions.paired import judge_pair
+from loadtest.regressions.sidebyside import CANDIDATE, Side
+from loadtest.regressions.sides import TIMED_OUT, SideRuns
 from loadtest.regressions.trend import write_trend
 from loadtest.reports import compare as compare_cli
 
@@ -219,6 +225,40 @@ def test_the_gate_passes_unchanged_code_measured_beside_itself(tmp_path, kafka, 
     assert "no regression" in text and entry.verdict == "pass" and entry.baseline_commit
     assert len(entry.baseline_metrics) == len(entry.metrics) and all(j.pairs == 3 for j in entry.paired)
     assert (tmp_path / "nightly" / "baselines" / entry.baseline_commit[:12] / "pyproject.toml").is_file()
+
+
+def test_a_benchmark_that_hangs_is_stopped_at_the_limit_with_what_it_started_and_fails_the_night(tmp_path):
+    runs = SideRuns(
+        NightlyConfig(root=tmp_path, command_timeout_s=2),
+        Side(CANDIDATE, "c0ffee", REPO, sys.executable),
+        tmp_path / "candidate",
+        say=lambda message: None,
+    )
+    started = tmp_path / "child.pid"  # a process the hung command started: it must not outlive the night
+    hang = (
+        "import subprocess, sys, time; "
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); "
+        f"open({str(started)!r}, 'w').write(str(child.pid)); time.sleep(600)"
+    )
+    # Named as a load test, whose exit 1 (a FAIL verdict) still measured: a hang measured nothing.
+    assert not runs.command("bench-1x-1", [sys.executable, "-c", hang], tmp_path / "out")
+    [run] = runs.runs
+    assert run.exit_code == TIMED_OUT and 2 <= run.seconds < 30
+    assert "stopped after 2 s, the longest a command may run" in Path(run.log).read_text()
+    assert nightly.failed_benchmarks(runs.runs) == [run]
+    assert nightly.how_it_ended(run).startswith("stopped after 2 s, hung")
+    child = int(started.read_text())
+    deadline = time.monotonic() + 5
+    while not ended(child):
+        assert time.monotonic() < deadline, "the hung command's own child outlived it"
+        time.sleep(0.05)
+
+
+def ended(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 @pytest.mark.slow
