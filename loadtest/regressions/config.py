@@ -106,12 +106,12 @@ class NightlyConfig:
         # Each side's commands run in that side's own tree, so a path given relative to where the night was
         # started (``runs/nightly``, a drill file) would name another place, or nothing, on the baseline's side.
         object.__setattr__(self, "root", self.root.resolve())
-        if self.drill and Path(self.drill).is_file():
+        if Path(self.drill).suffix and Path(self.drill).is_file():  # a name without one is a shipped drill
             object.__setattr__(self, "drill", str(Path(self.drill).resolve()))
         unknown = sorted(set(self.only) - set(BENCHMARKS))
         if unknown:
             raise HarnessError(f"no benchmark {unknown[0]!r}: choose from {', '.join(BENCHMARKS)}")
-        if self.command_timeout_s < 0:
+        if not self.command_timeout_s >= 0:
             raise HarnessError(
                 f"--command-timeout must be positive, or 0 for the default, got {self.command_timeout_s:g}"
             )

@@ -126,6 +126,9 @@ def run_night(config: NightlyConfig, say: Callable[[str], None] = lambda _: None
     seconds: dict[str, float] = {}
     produced: dict[str, set[str]] = {}
 
+    def hung(name: str) -> bool:
+        return any(s.hung(name) for s in sides.values())
+
     def pair(name: str) -> None:
         # A B, then B A: neither side always runs first, so a machine that warms up or slows down over the
         # night does not favour one.
@@ -134,6 +137,9 @@ def run_night(config: NightlyConfig, say: Callable[[str], None] = lambda _: None
             metrics = getattr(sides[side], name)(i)
             paired.add(side, i, metrics)
             produced.setdefault(name, set()).update(m.name for m in metrics)
+            if hung(name):  # once is enough: each hang costs the whole time limit, and the night has failed
+                say(f"nightly: {name} hung on the {side}: its other runs are skipped")
+                break
         done[name] = i + 1
         seconds[name] = seconds.get(name, 0.0) + time.monotonic() - start
 
@@ -141,10 +147,11 @@ def run_night(config: NightlyConfig, say: Callable[[str], None] = lambda _: None
         for _ in range(
             min(config.repeats, config.sizes.drill_repeats) if name == "drill" else config.repeats
         ):
-            pair(name)
+            if not hung(name):
+                pair(name)
     # Then more pairs of the benchmarks with a metric too noisy to judge, while the night's budget lasts.
     for name in config.benchmarks:
-        while done[name] < config.most_repeats and name != "drill":
+        while done[name] < config.most_repeats and name != "drill" and not hung(name):
             noisy = [j for j in paired.judge(produced.get(name, set())) if j.reason.startswith("too noisy")]
             left = config.sizes.budget_s - (time.monotonic() - clock)
             if not noisy or seconds[name] / done[name] > left:
@@ -196,7 +203,7 @@ def failed_benchmarks(runs: Sequence[BenchmarkRun]) -> list[BenchmarkRun]:
 def how_it_ended(run: BenchmarkRun) -> str:
     """A failed command's end as the night reports it: its exit code, or that it was stopped as hung."""
     return (
-        f"stopped after {run.seconds:.0f} s, hung" if run.exit_code == TIMED_OUT else f"exit {run.exit_code}"
+        f"hung, stopped after {run.seconds:.0f} s" if run.exit_code == TIMED_OUT else f"exit {run.exit_code}"
     )
 
 

@@ -79,13 +79,14 @@ class SideRuns:
             except subprocess.TimeoutExpired:
                 stop_process(process, STOP_GRACE_S)
                 code = TIMED_OUT
-                with log_path.open("a") as log:
-                    log.write(f"\nnightly: stopped after {limit:.0f} s, the longest a command may run\n")
             except BaseException:
                 stop_process(process, STOP_GRACE_S)
                 raise
         finally:
             group.close()
+        if code == TIMED_OUT:  # after the group is gone: nothing of the command writes to the log any more
+            with log_path.open("a") as log:
+                log.write(f"\nnightly: stopped at the limit of {limit:.0f} s a command may run\n")
         seconds = time.monotonic() - start
         self.runs.append(
             BenchmarkRun(
@@ -95,6 +96,12 @@ class SideRuns:
         ended = "was stopped (hung)" if code == TIMED_OUT else f"exited {code}"
         self.say(f"nightly: {self.side.name} {name} {ended} after {seconds:.0f} s")
         return code == 0
+
+    def hung(self, benchmark: str) -> bool:
+        """Whether a command of ``benchmark`` was stopped as hung on this side."""
+        return any(
+            r.exit_code == TIMED_OUT and r.name.split("/")[-1].startswith(f"{benchmark}-") for r in self.runs
+        )
 
     def _script(self, name: str, *args: str) -> list[str]:
         return [
@@ -158,10 +165,12 @@ class SideRuns:
                               "--steady", f"{sizes.bench_steady_s:g}", "--run-dir", str(where), "-q")  # fmt: skip
             if self.planted and self.config.plant_batch_delay_s > 0:
                 argv += ["--plant-batch-delay", f"{self.config.plant_batch_delay_s:g}"]
-            # A FAIL verdict exits 1 and is a measurement too (its lag and latency are in the figures).
+            # A FAIL verdict exits 1 and is a measurement too (its lag and latency are in the figures); a run
+            # stopped as hung wrote the partial results of a run that measured nothing.
             self.command(f"bench-{load}-{i + 1}", argv, where)
-            if (where / "results.json").is_file():
-                metrics += metrics_from_results(f"bench_{load}", [Results.from_json(where / "results.json")])
+            if self.runs[-1].exit_code != TIMED_OUT and (where / "results.json").is_file():
+                results = Results.from_json(where / "results.json")
+                metrics += metrics_from_results(f"bench_{load}", [results], drain=False)
         return metrics
 
     def drill(self, i: int) -> list[Metric]:
@@ -177,8 +186,8 @@ class SideRuns:
             self._sotw("drill", drill or "pipeline-kill-1x", "--run-dir", str(where), "-q"),
             where,
         )
-        if (where / "results.json").is_file():
-            return metrics_from_results("drill", [Results.from_json(where / "results.json")])
+        if self.runs[-1].exit_code != TIMED_OUT and (where / "results.json").is_file():
+            return metrics_from_results("drill", [Results.from_json(where / "results.json")], drain=False)
         return []
 
 

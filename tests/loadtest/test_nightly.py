@@ -229,24 +229,25 @@ def test_the_gate_passes_unchanged_code_measured_beside_itself(tmp_path, kafka, 
 
 def test_a_benchmark_that_hangs_is_stopped_at_the_limit_with_what_it_started_and_fails_the_night(tmp_path):
     runs = SideRuns(
-        NightlyConfig(root=tmp_path, command_timeout_s=2),
+        NightlyConfig(root=tmp_path, command_timeout_s=3),
         Side(CANDIDATE, "c0ffee", REPO, sys.executable),
         tmp_path / "candidate",
         say=lambda message: None,
     )
     started = tmp_path / "child.pid"  # a process the hung command started: it must not outlive the night
     hang = (
-        "import subprocess, sys, time; "
+        "import os, subprocess, sys, time; "
         "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); "
-        f"open({str(started)!r}, 'w').write(str(child.pid)); time.sleep(600)"
+        f"open({str(started)!r} + '.new', 'w').write(str(child.pid)); "
+        f"os.replace({str(started)!r} + '.new', {str(started)!r}); time.sleep(600)"
     )
     # Named as a load test, whose exit 1 (a FAIL verdict) still measured: a hang measured nothing.
     assert not runs.command("bench-1x-1", [sys.executable, "-c", hang], tmp_path / "out")
     [run] = runs.runs
-    assert run.exit_code == TIMED_OUT and 2 <= run.seconds < 30
-    assert "stopped after 2 s, the longest a command may run" in Path(run.log).read_text()
+    assert run.exit_code == TIMED_OUT and 3 <= run.seconds < 30 and runs.hung("bench")
+    assert "stopped at the limit of 3 s a command may run" in Path(run.log).read_text()
     assert nightly.failed_benchmarks(runs.runs) == [run]
-    assert nightly.how_it_ended(run).startswith("stopped after 2 s, hung")
+    assert nightly.how_it_ended(run).startswith("hung, stopped after")
     child = int(started.read_text())
     deadline = time.monotonic() + 5
     while not ended(child):
