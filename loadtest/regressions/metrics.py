@@ -48,16 +48,19 @@ def metrics_from_results(prefix: str, runs: Sequence[Results], drain: bool = Tru
             "ms",
         ),
         Metric(
-            f"{prefix}.drain_time",
-            "recovery",
-            "lower",
-            values(lambda r: r.figure("drain_time", "drain") if drain else math.nan),
-            "s",
-        ),
-        Metric(
             f"{prefix}.verdict_pass", "ratio", "higher", values(lambda r: float(r.verdict.verdict == "PASS"))
         ),
     ]
+    if drain:
+        out.append(
+            Metric(
+                f"{prefix}.drain_time",
+                "recovery",
+                "lower",
+                values(lambda r: r.figure("drain_time", "drain")),
+                "s",
+            )
+        )
     labels = sorted({i.label for r in runs for i in r.incidents})
     for label in labels:
 
