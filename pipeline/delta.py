@@ -7,7 +7,9 @@ Delta transaction identifier of the query and batch (``txn``: application id = t
 batch id), the mechanism Spark's Delta sink and ``foreachBatch`` writers use for idempotent streaming writes:
 a batch that Spark replays after a crash is committed again only to the tables whose recorded version is
 below it. A file moved in but not committed (a kill in between) is invisible to every Delta reader and is
-removed when its batch is replayed; ``compact`` removes any others with the table's vacuum.
+removed when its batch is replayed; ``compact`` removes any others with the table's vacuum. The commits of a
+batch in which the strict policy stopped the query also record that stop (``pipeline.sinks``), so that the
+replay of that batch stops again.
 
 The tables are written with delta-rs (the ``deltalake`` package), so no JVM jar is needed; any Delta reader
 (``deltalake``, Polars, DuckDB's delta extension, Spark with delta-spark) reads them.
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +30,8 @@ from pipeline.errors import PipelineError
 log = logging.getLogger(__name__)
 
 LOG_DIR = "_delta_log"
+BATCH_ID = "sotw.batch_id"
+"""The ``commitInfo`` key of each commit that names the batch it committed."""
 HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
 
 
@@ -88,10 +92,31 @@ class DeltaTables:
         """The last batch committed to any of the tables (-1 if none)."""
         return max((self.committed(name) for name in self.partitions), default=-1)
 
-    def commit(self, dataset: str, batch_id: int, files: Iterable[StagedFile]) -> None:
+    def metadata(self, dataset: str, batch_id: int) -> dict[str, str]:
+        """The custom metadata of the commit that recorded ``batch_id`` to ``dataset``; empty if none did.
+
+        Reads the table's history, so it is meant for a replayed batch, not for every batch.
+        """
+        table = self._table(dataset)
+        if table is None:
+            return {}
+        for info in table.history():  # newest first
+            if info.get(BATCH_ID) == str(batch_id):
+                return {k: str(v) for k, v in info.items() if k.startswith("sotw.")}
+        return {}
+
+    def commit(
+        self,
+        dataset: str,
+        batch_id: int,
+        files: Iterable[StagedFile],
+        metadata: Mapping[str, str] | None = None,
+    ) -> None:
         """Commit ``files`` (already in the table directory) to ``dataset`` as batch ``batch_id``, once.
 
-        A table that has recorded ``batch_id`` (or a later batch) for this query is left alone.
+        A table that has recorded ``batch_id`` (or a later batch) for this query is left alone. ``metadata``
+        (keys starting ``sotw.``) is recorded in the commit's ``commitInfo`` beside ``sotw.batch_id``, where
+        ``metadata`` reads it back.
         """
         from deltalake import CommitProperties, DeltaTable, Transaction
         from deltalake.transaction import AddAction, RemoveAction
@@ -127,7 +152,7 @@ class DeltaTables:
             partition_by=list(keys),
             commit_properties=CommitProperties(
                 app_transactions=[Transaction(self.app_id, batch_id)],
-                custom_metadata={"sotw.batch_id": str(batch_id)},
+                custom_metadata={**(metadata or {}), BATCH_ID: str(batch_id)},
             ),
         )
 

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
 from pipeline.integrity import IntegrityRecord
 from sotw.errors import SotwError
+
+if TYPE_CHECKING:
+    from pipeline.records import Records
 
 
 class PipelineError(SotwError):
@@ -31,11 +37,19 @@ class IntegrityViolation(PipelineError):
         ``digest_mismatch`` or ``late_after_close``), as an integrity record would say it.
     last_offset
         Offset of the last message applied to the session (None if none was).
+
+    Attributes
+    ----------
+    records : Records or None
+        What the session produced in its micro-batch before the violation, attached by
+        ``SessionProcessor.apply``: the stateful step writes them, with ``record``, as the session's output of
+        the batch that stops the query. Not pickled: it is only used in the worker that raised it.
     """
 
     def __init__(self, record: IntegrityRecord, last_offset: int | None = None) -> None:
         self.record = record
         self.last_offset = last_offset
+        self.records: Records | None = None
         at = record.at
         last = "none" if last_offset is None else str(last_offset)
         message = (
@@ -55,6 +69,21 @@ class IntegrityViolation(PipelineError):
     def __reduce__(self) -> tuple[object, ...]:
         # Spark pickles the worker's exception; the default pickling would call __init__ with the message.
         return (type(self), (self.record, self.last_offset))
+
+    def as_dict(self) -> dict[str, Any]:
+        """The stop as JSON-ready values: the record's integrity columns, ``last_offset`` and the message.
+
+        This is what travels from the stateful step to the driver and what the commit of the stopping batch
+        records (``pipeline.sinks``); ``from_dict`` turns it back into the same violation.
+        """
+        row = self.record.as_row()
+        del row["record"]
+        return {**row, "last_offset": self.last_offset, "message": str(self)}
+
+    @classmethod
+    def from_dict(cls, content: Mapping[str, Any]) -> IntegrityViolation:
+        """The violation ``as_dict`` describes."""
+        return cls(IntegrityRecord.from_row(content), content.get("last_offset"))
 
 
 class IntegrityStopped(PipelineError):

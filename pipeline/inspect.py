@@ -13,7 +13,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.dataset as ds
 
-from pipeline.delta import is_table
+from pipeline.delta import BATCH_ID, is_table
 from pipeline.sinks import DATASETS, PARTITIONS, committed_batches
 
 
@@ -82,8 +82,8 @@ def _delta_batches(output: Path) -> int:
             from deltalake import DeltaTable
 
             for commit in DeltaTable(str(root)).history():
-                if "sotw.batch_id" in commit:
-                    batches.add(str(commit["sotw.batch_id"]))
+                if BATCH_ID in commit:
+                    batches.add(str(commit[BATCH_ID]))
     return len(batches)
 
 

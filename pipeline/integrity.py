@@ -8,6 +8,7 @@ imports Spark, Arrow or the rules, so every layer can take it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -74,3 +75,14 @@ class IntegrityRecord:
             "missing_to": missing_to,
             "detail": self.detail,
         }
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> IntegrityRecord:
+        """The record ``as_row`` describes (other keys of ``row``, such as ``record``, are ignored)."""
+        lo, hi = row.get("missing_from"), row.get("missing_to")
+        return cls(
+            row["violation"], row.get("sensor"), row.get("session"),
+            Position(row["topic"], int(row["partition"]), int(row["offset"])), event_ms=row.get("event_ms"),
+            seq=row.get("seq"), expected_seq=row.get("expected_seq"), got_seq=row.get("got_seq"),
+            missing=None if lo is None or hi is None else (int(lo), int(hi)), detail=row.get("detail"),
+        )  # fmt: skip

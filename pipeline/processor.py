@@ -17,6 +17,7 @@ from operator import itemgetter
 
 import orjson
 
+from pipeline.errors import IntegrityViolation
 from pipeline.integrity import IntegrityRecord, Position
 from pipeline.policies import PolicyConfig, policy_for
 from pipeline.records import Records
@@ -133,7 +134,8 @@ class SessionProcessor:
         ------
         IntegrityViolation
             Under the ``strict`` policy, at the first gap, duplicate, out-of-order seq, missing snapshot,
-            digest mismatch or message after close.
+            digest mismatch or message after close; its ``records`` are the records of this batch's messages
+            before that one.
         """
         out = Records()
         envs = sorted(envelopes, key=_POSITION)
@@ -143,37 +145,45 @@ class SessionProcessor:
         # new one, whether it is still open at the end or closed during it.
         was_closed = state is not None and state.closed
         i, n = 0, len(envs)
-        while i < n:
-            if self.fast and state is not None and policy.may_run_plain(state):
-                i = self._plain_run(state, envs, i, out)
-                if i == n:
-                    break
-            env = envs[i]
-            i += 1
-            topic, partition, offset, key, value, _ = env
-            try:
-                if key is None:
-                    raise MalformedMessage("key is null: messages must be keyed by their session")
-                msg = decode(value, key)
-            except MalformedMessage as exc:
-                self._malformed(state, env, exc.reason, out)
-                continue
-            if state is None:
-                state = SessionState(session=msg.session, sensor=msg.sensor, topic=topic, partition=partition)
-            if state.closed:
-                policy.after_close(state, msg, env, out)
-                continue
-            # The bookkeeping every policy shares; here, not in a Policy method, to save a call per message.
-            prev_max, seq, ts = state.last_seq, msg.seq, msg.ts
-            if state.first_seq is None or seq < state.first_seq:
-                state.first_seq = seq
-            if prev_max is None or seq > prev_max:
-                state.last_seq = seq
-            if state.max_ts is None or ts > state.max_ts:
-                state.max_ts = ts
-            state.last_ts = ts
-            state.topic, state.partition, state.last_offset = topic, partition, offset
-            admit(state, msg, env, out)
+        try:
+            while i < n:
+                if self.fast and state is not None and policy.may_run_plain(state):
+                    i = self._plain_run(state, envs, i, out)
+                    if i == n:
+                        break
+                env = envs[i]
+                i += 1
+                topic, partition, offset, key, value, _ = env
+                try:
+                    if key is None:
+                        raise MalformedMessage("key is null: messages must be keyed by their session")
+                    msg = decode(value, key)
+                except MalformedMessage as exc:
+                    self._malformed(state, env, exc.reason, out)
+                    continue
+                if state is None:
+                    state = SessionState(
+                        session=msg.session, sensor=msg.sensor, topic=topic, partition=partition
+                    )
+                if state.closed:
+                    policy.after_close(state, msg, env, out)
+                    continue
+                # The bookkeeping every policy shares; here, not in a Policy method, to save a call per message.
+                prev_max, seq, ts = state.last_seq, msg.seq, msg.ts
+                if state.first_seq is None or seq < state.first_seq:
+                    state.first_seq = seq
+                if prev_max is None or seq > prev_max:
+                    state.last_seq = seq
+                if state.max_ts is None or ts > state.max_ts:
+                    state.max_ts = ts
+                state.last_ts = ts
+                state.topic, state.partition, state.last_offset = topic, partition, offset
+                admit(state, msg, env, out)
+        except IntegrityViolation as stop:
+            # What the batch produced before the stop goes with it, so that the stateful step can commit it
+            # beside the violation's own record; the messages after it are not applied.
+            stop.records = out
+            raise
         if state is not None and not was_closed:
             state.deadline_ms = now_ms + self.timeout_ms
         return state, out

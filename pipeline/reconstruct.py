@@ -7,6 +7,7 @@ session's state as one binary column, and sets the processing-time timeout that 
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterator
 from itertools import repeat
@@ -15,7 +16,7 @@ from uuid import uuid4
 
 import pandas as pd
 
-from pipeline.errors import PipelineError
+from pipeline.errors import IntegrityViolation, PipelineError
 from pipeline.gcpause import gc_paused
 from pipeline.placement import slot
 from pipeline.policies import PolicyConfig
@@ -129,7 +130,17 @@ class SessionFunction:
                     envelopes.extend(envelopes_of(pdf))
             consumed = len(envelopes)
             old = SessionState.from_bytes(state.get[0]) if state.exists else None
-            new, records = processor.apply(old, envelopes, now_ms)
+            try:
+                new, records = processor.apply(old, envelopes, now_ms)
+            except IntegrityViolation as stop:
+                if self.output is None or stop.records is None:
+                    raise
+                # The strict policy stops here. The session's records of the batch before the stop and the
+                # violation's own record are written like any output; the driver publishes the batch, then
+                # fails the query (``OutputWriter``), so Spark never commits this batch, and the session's
+                # state is left as it was: a restart replays the batch from it.
+                stop.records.integrity(stop.record)
+                return self._write(stop.records, consumed, now_ms, stop)
         if new is None:
             if state.exists:
                 state.remove()
@@ -143,11 +154,14 @@ class SessionFunction:
         block = records.to_block() if len(records) else None
         return pd.DataFrame({"block": [block], "rows": [len(records)], "messages": [consumed]})
 
-    def _write(self, records: Records, consumed: int, processed_ms: int) -> pd.DataFrame:
+    def _write(
+        self, records: Records, consumed: int, processed_ms: int, stop: IntegrityViolation | None = None
+    ) -> pd.DataFrame:
         """Write the records into this batch's staging directory; one row per file, one with the counts.
 
         ``processed_ms`` is Spark's batch timestamp (``getCurrentProcessingTimeMs``): the same in every task of
-        the batch, and again when the batch is replayed after a crash.
+        the batch, and again when the batch is replayed after a crash. ``stop``, the strict policy's stop of
+        the session, goes to the driver on the counts row (``WRITTEN_DDL``'s ``stop``).
         """
         from pyspark import TaskContext
 
@@ -172,6 +186,7 @@ class SessionFunction:
                 "rows": [0, *(f[2] for f in files)],
                 "messages": [consumed, *(0 for _ in files)],
                 "processed_ms": [processed_ms] * (len(files) + 1),
+                "stop": [None if stop is None else json.dumps(stop.as_dict()), *(None for _ in files)],
             }
         )
 
@@ -193,13 +208,16 @@ def reconstruct(df: Any, policy: PolicyConfig, partitions: int, output: str | No
     output
         The output root (``pipeline.sinks.OutputWriter``'s): each group's records are written to Parquet
         right where they are made, into the micro-batch's staging directory, and only the files' names come
-        back. None returns the records themselves.
+        back; a strict stop is written the same way (the session's records before it and the violation's
+        record) and reported to the driver, which fails the query once the batch is published. None returns
+        the records themselves, and a strict stop fails the task with its ``IntegrityViolation``.
 
     Returns
     -------
     DataFrame
         With ``output``: ``pipeline.sinks.WRITTEN_DDL`` rows, per session and micro-batch one with the
-        messages it consumed and one per file it wrote, for ``OutputWriter`` to publish. Without: record
+        messages it consumed (and the strict policy's stop, if it stopped the session) and one per file it
+        wrote, for ``OutputWriter`` to publish. Without: record
         blocks (``pipeline.records.BLOCK_DDL``), per session and micro-batch the flat records of
         ``docs/pipeline-outputs.md`` (``record`` = change, session, integrity or dead_letter) as one Arrow
         block, in append mode.

@@ -12,7 +12,11 @@ dead letters) from one stateful step, so ``OutputWriter`` does the same job by h
 4. before a batch is (re)written its leftovers from an earlier, interrupted attempt are removed: ``_publishing/<batch>.json`` names every file the batch is about to
    move into the datasets, written before the first move and removed after the marker, so an interrupted
    publication is undone from that list (the cost is the batch's own files, not a walk of the output, which
-   grows all run long).
+   grows all run long);
+5. a batch in which the strict policy stopped a session is published like any other (the violation's
+   integrity record is one of its rows), its marker records the stop (``stop``), and only then does the
+   writer raise the ``IntegrityViolation`` that fails the query; Spark never commits that batch, so a restart
+   replays it, finds the stop in the marker and raises it again instead of going past it.
 
 Spark replays an uncommitted batch with the same offsets after a crash, so each batch lands exactly once
 whether the process died before, during or after the write. The stateful step writes each group's records
@@ -30,6 +34,7 @@ import logging
 import os
 import shutil
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,7 +42,7 @@ from urllib.parse import quote
 
 from pipeline.checkpoint import checkpoint_query_id, offset_changes, planned_offsets
 from pipeline.delta import DeltaTables, StagedFile
-from pipeline.errors import PipelineError
+from pipeline.errors import IntegrityViolation, PipelineError
 
 log = logging.getLogger(__name__)
 
@@ -88,8 +93,13 @@ PARTITIONS: dict[str, tuple[str, ...]] = {
 
 # What the stateful step reports per group when it writes its own records (``reconstruct`` with ``output``):
 # one row per file written, and one row (no dataset, no path) with the Kafka messages the group consumed and
-# the batch's processing time.
-WRITTEN_DDL = "`dataset` string, `path` string, `rows` bigint, `messages` bigint, `processed_ms` bigint"
+# the batch's processing time. When the strict policy stopped the group's session, that row's ``stop`` holds
+# the violation as JSON (``IntegrityViolation.as_dict``); it is null on every other row.
+WRITTEN_DDL = (
+    "`dataset` string, `path` string, `rows` bigint, `messages` bigint, `processed_ms` bigint, `stop` string"
+)
+STOP_METADATA = "sotw.stop"
+"""The Delta commit metadata key under which a batch the strict policy stopped records its stop (JSON)."""
 
 
 def write_records(
@@ -173,6 +183,16 @@ def _read_marker(path: Path) -> dict[str, Any]:
     except (OSError, ValueError) as exc:
         raise PipelineError(f"commit marker {path} cannot be read ({exc}); the output is damaged") from None
     return content if isinstance(content, dict) else {}
+
+
+def _first_stop(rows: Iterable[Any]) -> IntegrityViolation | None:
+    """The strict stop a batch's ``WRITTEN_DDL`` rows report first in Kafka order; None if none stopped.
+
+    Each session the strict policy stopped in the batch reports its own stop (and wrote its violation's
+    record); the query stops naming the one at the lowest (topic, partition, offset).
+    """
+    stops = [IntegrityViolation.from_dict(json.loads(row.stop)) for row in rows if row.stop is not None]
+    return min(stops, key=lambda stop: stop.record.at, default=None)
 
 
 def _refuse_repeated(batch_id: int, moves: list[tuple[Path, Path]]) -> None:
@@ -319,14 +339,22 @@ class OutputWriter:
         if marker.exists():
             # Replayed after a crash between our commit and Spark's: the rows are already in the output, if
             # Spark planned the batch over the same offsets as before. The batch must still run to the end so
-            # the state store commits this version (Spark checks it).
-            self._check_replay(batch_id, _read_marker(marker), planned)
-            log.info("batch %d already in the output; not written again", batch_id)
-            batch_df.write.format("noop").mode("overwrite").save()
+            # the state store commits this version (Spark checks it), unless the strict policy stopped it.
+            previous = _read_marker(marker)
+            self._check_replay(batch_id, previous, planned)
+            recorded = previous.get("stop")
+            if recorded is None:
+                log.info("batch %d already in the output; not written again", batch_id)
+                batch_df.write.format("noop").mode("overwrite").save()
             shutil.rmtree(self.output / STAGING / str(batch_id), ignore_errors=True)
             # Killed after the marker, before the journal was removed: the files are the batch's, keep them.
             self._journal(batch_id).unlink(missing_ok=True)
-            self._remember(batch_id, int(_read_marker(marker).get("messages", 0)))
+            self._remember(batch_id, int(previous.get("messages", 0)))
+            if recorded is not None:
+                # The strict policy stopped the query in this batch, which Spark therefore never committed: a
+                # restart replays it and must stop at the same violation again, never go past it.
+                log.info("batch %d stopped the query under the strict policy; stopping again", batch_id)
+                raise IntegrityViolation.from_dict(recorded)
             return
         self._clear_attempt(batch_id)
         staging = (self.output / STAGING / str(batch_id)).absolute()
@@ -336,15 +364,17 @@ class OutputWriter:
         # The stateful step writes its records into the staging directory itself (``reconstruct`` with
         # ``output``); the rows say which files the successful task attempts wrote.
         moves: list[tuple[Path, Path]] = []
-        for dataset, path, rows, consumed, processed in batch_df.collect():
-            messages += consumed or 0
-            processed_ms = processed if processed_ms is None else processed_ms
-            if dataset is not None:
-                counts[dataset] += rows
-            if path is not None and batch_id not in self.drop_batches:
-                src = Path(path)
-                dest = self.output / dataset / src.parent.relative_to(staging / dataset)
+        written = batch_df.collect()
+        for row in written:
+            messages += row.messages or 0
+            processed_ms = row.processed_ms if processed_ms is None else processed_ms
+            if row.dataset is not None:
+                counts[row.dataset] += row.rows
+            if row.path is not None and batch_id not in self.drop_batches:
+                src = Path(row.path)
+                dest = self.output / row.dataset / src.parent.relative_to(staging / row.dataset)
                 moves.append((src, dest / f"b{batch_id}-{src.name}"))
+        stop = _first_stop(written)
         _refuse_repeated(batch_id, moves)
         journal = self._journal(batch_id)
         if moves:
@@ -357,21 +387,25 @@ class OutputWriter:
         committed_ms = int(time.time() * 1000)
         (self.output / COMMITS).mkdir(parents=True, exist_ok=True)
         rows = counts
-        atomic_write_json(
-            marker,
-            {
-                "batch_id": batch_id,
-                "processed_ms": processed_ms if processed_ms is not None else committed_ms,
-                "committed_ms": committed_ms,
-                "rows": rows,
-                "messages": messages,
-                "offsets": planned,
-            },
-        )
+        content: dict[str, Any] = {
+            "batch_id": batch_id,
+            "processed_ms": processed_ms if processed_ms is not None else committed_ms,
+            "committed_ms": committed_ms,
+            "rows": rows,
+            "messages": messages,
+            "offsets": planned,
+        }
+        if stop is not None:
+            content["stop"] = stop.as_dict()
+        atomic_write_json(marker, content)
         journal.unlink(missing_ok=True)
         self._remember(batch_id, messages)
         self.last = BatchStats(batch_id, rows, committed_ms, messages)
         self._forget_empty(batch_id - self.retain_empty)
+        if stop is not None:
+            # Published with every other session's rows of the batch, the violation's record among them; the
+            # query now fails as a strict stop does (``pipeline.query.explain_failure``).
+            raise stop
 
     def _publish_delta(self, tables: DeltaTables, batch_df: Any, batch_id: int) -> None:
         """Commit the batch's files to each dataset's Delta table whose transaction version is below it.
@@ -382,24 +416,32 @@ class OutputWriter:
         """
         done = frozenset(d for d in DATASETS if tables.committed(d) >= batch_id)
         self._clear_attempt(batch_id, keep=done)
+        # A replay of a batch the strict policy stopped: a table that committed it recorded the stop.
+        recorded = next(
+            (found for d in sorted(done) if (found := tables.metadata(d, batch_id).get(STOP_METADATA))), None
+        )
         staging = (self.output / STAGING / str(batch_id)).absolute()
         counts = dict.fromkeys(DATASETS, 0)
         messages = 0
         files: dict[str, list[tuple[Path, Path, int]]] = {d: [] for d in DATASETS}
-        for dataset, path, rows, consumed, _ in batch_df.collect():
-            messages += consumed or 0
+        written = batch_df.collect()
+        for row in written:
+            messages += row.messages or 0
+            dataset = row.dataset
             if dataset is None:
                 continue
-            counts[dataset] += rows
-            if path is not None and batch_id not in self.drop_batches and dataset not in done:
-                src = Path(path)
+            counts[dataset] += row.rows
+            if row.path is not None and batch_id not in self.drop_batches and dataset not in done:
+                src = Path(row.path)
                 dest = (
                     self.output
                     / dataset
                     / src.parent.relative_to(staging / dataset)
                     / f"b{batch_id}-{src.name}"
                 )
-                files[dataset].append((src, dest, rows))
+                files[dataset].append((src, dest, row.rows))
+        stop = IntegrityViolation.from_dict(json.loads(recorded)) if recorded else _first_stop(written)
+        metadata = {} if stop is None else {STOP_METADATA: json.dumps(stop.as_dict(), sort_keys=True)}
         _refuse_repeated(batch_id, [(src, dest) for moves in files.values() for src, dest, _ in moves])
         moved = [dest for moves in files.values() for _, dest, _ in moves]
         journal = self._journal(batch_id)
@@ -410,13 +452,19 @@ class OutputWriter:
             for src, dest, _ in moves:
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 os.replace(src, dest)
-            tables.commit(dataset, batch_id, [StagedFile(dest, rows) for _, dest, rows in moves])
+            tables.commit(
+                dataset, batch_id, [StagedFile(dest, rows) for _, dest, rows in moves], metadata=metadata
+            )
         shutil.rmtree(staging, ignore_errors=True)
         journal.unlink(missing_ok=True)
         if done:
             log.info("batch %d already in %s; not written again", batch_id, ", ".join(sorted(done)))
         self._remember(batch_id, messages)
         self.last = BatchStats(batch_id, counts, int(time.time() * 1000), messages)
+        if stop is not None:
+            # As for Parquet: published first, every table's commit of the batch records the stop, then the
+            # query fails; a restart replays the batch and stops again at the recorded violation.
+            raise stop
 
     def _forget_empty(self, batch_id: int) -> None:
         """Remove ``batch_id``'s marker if that batch wrote nothing: only recent markers matter for recovery."""

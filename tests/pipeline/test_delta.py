@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from dataclasses import replace
 
@@ -14,7 +15,13 @@ from pipeline.delta import compact
 from pipeline.sinks import DATASETS
 from simulator import FaultConfig
 from sotw.kafka import topic_pattern
-from tests.pipeline.test_pipeline import canon, kill_mid_run_then_drain, pipeline_config, rows_of
+from tests.pipeline.test_pipeline import (
+    canon,
+    check_a_strict_stop_is_committed_and_stops_a_restart_again,
+    kill_mid_run_then_drain,
+    pipeline_config,
+    rows_of,
+)
 
 
 def delta_rows(output, name: str) -> list[dict]:
@@ -57,6 +64,17 @@ def test_delta_output_holds_the_same_rows_as_the_parquet_output_and_records_each
         assert canon(delta_rows(delta.output, name)) == canon(rows_of(parquet.output, name)), name
     query.run(spark, delta)
     assert canon(delta_rows(delta.output, "changes")) == canon(rows_of(parquet.output, "changes"))
+
+
+def test_a_strict_stop_commits_its_violation_to_the_delta_tables_and_a_restart_stops_there_again(
+    spark, kafka, unique_prefix, tmp_path
+):
+    cfg = check_a_strict_stop_is_committed_and_stops_a_restart_again(
+        spark, kafka, unique_prefix, tmp_path, output_format="delta"
+    )
+    (commit,) = [c for c in DeltaTable(str(cfg.output / "integrity")).history() if "sotw.batch_id" in c]
+    stop = json.loads(commit["sotw.stop"])
+    assert (stop["violation"], stop["session"], stop["offset"], stop["last_offset"]) == ("gap", "b", 4, 3)
 
 
 @pytest.mark.slow

@@ -117,11 +117,108 @@ def test_strict_stops_at_the_first_gap_naming_session_and_offsets(spark, kafka, 
     gap_sessions = {r["session"] for r in gaps}
     named = re.search(r"session '([^']+)'", message)
     assert named and named.group(1) in gap_sessions, message
-    assert re.search(r"topic '.+' partition \d+ offset \d+: expected seq \d+, got seq \d+", message), message
-    # Nothing of the failed batch became visible output.
-    assert sessions_out(cfg.output) == {} or all(
-        s["status"] == "ok" for s in sessions_out(cfg.output).values()
+    stop = re.search(r"topic '(.+)' partition (\d+) offset (\d+): expected seq (\d+), got seq (\d+)", message)
+    assert stop, message
+    # The stop batch is committed with every stopped session's violation, the one the message names among them.
+    integrity = rows_of(cfg.output, "integrity")
+    assert message.startswith("strict policy: gap in session"), message
+    assert {r["violation"] for r in integrity} == {"gap"}
+    assert len({r["session"] for r in integrity}) == len(integrity)
+    named_row = next(r for r in integrity if r["session"] == named.group(1))
+    topic, partition, offset, expected, got = stop.groups()
+    position = (named_row["topic"], named_row["partition"], named_row["offset"])
+    assert position == (topic, int(partition), int(offset))
+    assert (named_row["expected_seq"], named_row["got_seq"]) == (int(expected), int(got))
+    assert (named_row["missing_from"], named_row["missing_to"]) == (int(expected), int(got) - 1)
+    # Nothing of the stopped session from the violating message on was applied.
+    changes = rows_of(cfg.output, "changes")
+    assert all(c["seq"] < int(got) for c in changes if c["session"] == named.group(1))
+    # Under strict a session closes only if nothing was wrong with it.
+    assert all(s["status"] == "ok" for s in sessions_out(cfg.output).values())
+
+
+SENSOR = "sensor-0003"
+
+
+def produce_a_gap_beside_a_whole_session(kafka, unique_prefix) -> tuple[str, str]:
+    """One topic of one partition where session ``a`` is whole and session ``b`` skips seq 2 (offset 4 has its
+    seq 3); returns (topic prefix, topic)."""
+    from sotw.kafka import ensure_topics
+    from sotw.wire import encode_end, encode_snapshot, encode_update, table_digest
+
+    prefix = unique_prefix()
+    topic = prefix + "0003"
+    ensure_topics(kafka, {topic: 1})
+    rows = [{"id": 0, "temp": 20.0}, {"id": 1, "temp": 21.0}]
+
+    def update(session: str, seq: int) -> tuple[str, bytes]:
+        row = {"id": 0, "temp": float(seq)}
+        return session, encode_update(SENSOR, session, seq, 1_000 + seq, "upsert", row)
+
+    end_of_a = encode_end(SENSOR, "a", 2, 1_002, 2, table_digest([{"id": 0, "temp": 1.0}, rows[1]]))
+    produce(
+        kafka,
+        topic,
+        [
+            ("a", encode_snapshot(SENSOR, "a", 0, 1_000, rows)),  # offset 0
+            ("b", encode_snapshot(SENSOR, "b", 0, 1_000, rows)),
+            update("a", 1),
+            update("b", 1),  # offset 3: the last of b applied
+            update("b", 3),  # offset 4: seq 2 is missing, strict stops here
+            ("a", end_of_a),
+            update("b", 4),
+        ],
     )
+    return prefix, topic
+
+
+def committed_rows(output: Path) -> dict[str, list[str]]:
+    """Every committed row of every dataset, batch ids included, in a comparable form."""
+    datasets = ("changes", "sessions", "integrity", "dead_letters")
+    return {name: sorted(map(repr, rows_of(output, name))) for name in datasets}
+
+
+def check_a_strict_stop_is_committed_and_stops_a_restart_again(
+    spark, kafka, unique_prefix, where: Path, **changes
+) -> PipelineConfig:
+    """Run strict over ``produce_a_gap_beside_a_whole_session``'s topic (with ``changes`` to the config), then
+    restart it: both stop at b's gap, and the stop batch, b's violation in it, is committed once."""
+    prefix, topic = produce_a_gap_beside_a_whole_session(kafka, unique_prefix)
+    cfg = replace(pipeline_config(kafka, prefix, where, "strict"), **changes)
+    with pytest.raises(IntegrityStopped) as stopped:
+        query.run(spark, cfg)
+    assert str(stopped.value) == (
+        f"strict policy: gap in session 'b' of sensor '{SENSOR}' at topic '{topic}' partition 0 offset 4: "
+        "expected seq 2, got seq 3 (last applied offset: 3)"
+    )
+    (gap,) = rows_of(cfg.output, "integrity")
+    assert {k: gap[k] for k in ("violation", "sensor", "session", "expected_seq", "got_seq")} == {
+        "violation": "gap", "sensor": SENSOR, "session": "b", "expected_seq": 2, "got_seq": 3,
+    }  # fmt: skip
+    assert (gap["missing_from"], gap["missing_to"], gap["topic"], gap["partition"], gap["offset"]) == (
+        2, 2, topic, 0, 4,
+    )  # fmt: skip
+    # b's changes before the gap are committed, none from it on; a, closed in the same batch, is committed whole.
+    changes = rows_of(cfg.output, "changes")
+    assert sorted({(c["session"], c["seq"]) for c in changes}) == [("a", 0), ("a", 1), ("b", 0), ("b", 1)]
+    assert {s: r["status"] for s, r in sessions_out(cfg.output).items()} == {"a": "ok"}
+    assert {r["batch_id"] for r in changes} == {gap["batch_id"]}
+
+    before = committed_rows(cfg.output)
+    with pytest.raises(IntegrityStopped) as again:
+        query.run(spark, cfg)
+    assert str(again.value) == str(stopped.value)
+    assert committed_rows(cfg.output) == before
+    return cfg
+
+
+def test_a_strict_stop_commits_its_violation_with_the_batch_and_a_restart_stops_there_again(
+    spark, kafka, unique_prefix, tmp_path
+):
+    cfg = check_a_strict_stop_is_committed_and_stops_a_restart_again(spark, kafka, unique_prefix, tmp_path)
+    (batch,) = committed_batches(cfg.output)
+    stop = json.loads((cfg.output / "_commits" / f"{batch}.json").read_text())["stop"]
+    assert (stop["violation"], stop["session"], stop["offset"], stop["last_offset"]) == ("gap", "b", 4, 3)
 
 
 def test_ordered_marks_sessions_degraded_from_the_first_gap_and_quarantines_malformed(

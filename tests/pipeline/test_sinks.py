@@ -7,7 +7,7 @@ import pyarrow.dataset as ds
 import pytest
 from deltalake import DeltaTable
 
-from pipeline.errors import PipelineError
+from pipeline.errors import IntegrityViolation, PipelineError
 from pipeline.integrity import IntegrityRecord, Position
 from pipeline.records import Records, with_every_column
 from pipeline.recovery import check_consistency, rollback
@@ -132,7 +132,10 @@ def _batch_staging_on_collect(spark, staging, attempt: str):
         table = with_every_column(records.to_arrow())
         written = write_records(table, str(staging), f"p0-t{attempt}-g1.parquet", 3, DAY)
         yield pa.RecordBatch.from_pylist(
-            [{"dataset": d, "path": p, "rows": n, "messages": 1, "processed_ms": DAY} for d, p, n in written]
+            [
+                {"dataset": d, "path": p, "rows": n, "messages": 1, "processed_ms": DAY, "stop": None}
+                for d, p, n in written
+            ]
         )
 
     return spark.range(1, numPartitions=1).mapInArrow(write, WRITTEN_DDL)
@@ -220,13 +223,74 @@ def test_a_batch_naming_one_staging_file_twice_is_refused_before_anything_moves(
     ((dataset, path, n),) = write_records(
         with_every_column(records.to_arrow()), str(staging), "p0-g1.parquet", 3, DAY
     )
-    twice = spark.createDataFrame([(dataset, path, n, 1, DAY)] * 2, WRITTEN_DDL)
+    twice = spark.createDataFrame([(dataset, path, n, 1, DAY, None)] * 2, WRITTEN_DDL)
 
     with pytest.raises(PipelineError, match="batch 3: two task outputs name the same staging file"):
         OutputWriter(output, tmp_path / "checkpoint")(twice, 3)
 
     assert not (output / "changes").exists()
     assert committed_batches(output) == []
+
+
+def _gap(session: str, offset: int) -> IntegrityViolation:
+    record = IntegrityRecord(
+        "gap", "sensor-0001", session, Position("t", 0, offset), event_ms=DAY, seq=5, expected_seq=3,
+        got_seq=5, missing=(3, 4),
+    )  # fmt: skip
+    return IntegrityViolation(record, last_offset=offset - 1)
+
+
+def _batch_stopped_by(spark, staging, stops: list[IntegrityViolation]):
+    """Batch 3 as the stateful step makes it when the strict policy stopped ``stops``' sessions and another
+    session wrote a change: collecting it writes each stopped session's violation record, and each reports
+    its stop."""
+    reported = [json.dumps(stop.as_dict()) for stop in stops]
+
+    def write(_batches):
+        records = Records()
+        records.change("sensor-0001", "ok", "t", 0, 1, 1, DAY, 7, "upsert", '{"id":7}')
+        for stop in stops:
+            records.integrity(stop.record)
+        table = with_every_column(records.to_arrow())
+        written = write_records(table, str(staging), "p0-g1.parquet", 3, DAY)
+        rows = [(d, p, n, 0, DAY, None) for d, p, n in written] + [
+            (None, None, 0, 1, DAY, r) for r in reported
+        ]
+        names = ("dataset", "path", "rows", "messages", "processed_ms", "stop")  # WRITTEN_DDL's order
+        yield pa.RecordBatch.from_pylist([dict(zip(names, r, strict=True)) for r in rows])
+
+    return spark.range(1, numPartitions=1).mapInArrow(write, WRITTEN_DDL)
+
+
+@pytest.mark.parametrize("output_format", ["parquet", "delta"])
+def test_a_strict_stop_is_published_with_its_batch_then_raised_naming_the_first_and_raised_again_on_replay(
+    tmp_path, spark, output_format
+):
+    from pipeline.inspect import read_dataset
+
+    output = tmp_path / "output"
+    later, first = _gap("late", 9), _gap("early", 2)
+    writer = OutputWriter(output, tmp_path / "checkpoint", output_format=output_format)
+    with pytest.raises(IntegrityViolation) as stopped:
+        writer(_batch_stopped_by(spark, output / STAGING / "3", [later, first]), 3)
+
+    assert (str(stopped.value), stopped.value.record) == (str(first), first.record)
+    integrity = read_dataset(output, "integrity")
+    assert integrity is not None
+    assert sorted(integrity["session"].to_pylist()) == ["early", "late"]
+    assert read_dataset(output, "changes") is not None
+    if output_format == "parquet":
+        assert json.loads((output / "_commits" / "3.json").read_text())["stop"] == first.as_dict()
+    files = sorted(p.relative_to(output) for p in output.rglob("*.parquet"))
+
+    # Spark replays the batch it never committed; even if the replay reports no stop (a restart under another
+    # policy), the recorded one is raised again, and nothing is added.
+    with pytest.raises(IntegrityViolation) as again:
+        OutputWriter(output, tmp_path / "checkpoint", output_format=output_format)(
+            spark.createDataFrame([(None, None, 0, 2, DAY, None)], WRITTEN_DDL), 3
+        )
+    assert (str(again.value), again.value.record, again.value.last_offset) == (str(first), first.record, 1)
+    assert sorted(p.relative_to(output) for p in output.rglob("*.parquet")) == files
 
 
 def test_rollback_refuses_to_leave_a_hole_behind_the_checkpoint(tmp_path):

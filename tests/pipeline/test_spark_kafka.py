@@ -22,6 +22,7 @@ from simulator import FaultConfig
 from sotw.kafka import topic_pattern
 from tests.pipeline.test_pipeline import (
     canon,
+    check_a_strict_stop_is_committed_and_stops_a_restart_again,
     kill_mid_run_then_drain,
     ledger,
     pipeline_config,
@@ -111,6 +112,14 @@ def test_strict_stops_at_the_same_message_on_both_sources(spark, kafka, simulate
             query.run(spark, replace(cfg, source=source, output=where / "o", checkpoint=where / "c"))
         messages.append(str(stopped.value))
     assert messages[0] == messages[1] and "strict policy: gap in session" in messages[0]
+
+
+def test_a_strict_stop_on_spark_s_connector_commits_its_violation_and_a_restart_stops_there_again(
+    spark, kafka, unique_prefix, tmp_path
+):
+    check_a_strict_stop_is_committed_and_stops_a_restart_again(
+        spark, kafka, unique_prefix, tmp_path, source="spark-kafka"
+    )
 
 
 @pytest.mark.slow  # make test kills spark-kafka in a verified run (tests/loadtest/test_run.py); this compares rows

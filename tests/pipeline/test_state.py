@@ -164,6 +164,18 @@ def test_gap_in_strict_mode_stops_naming_sensor_session_position_and_seqs() -> N
     assert (record.expected_seq, record.got_seq, record.at.offset) == (2, 3, 103)
 
 
+def test_a_strict_stop_carries_the_batch_s_records_before_it_and_a_gap_names_the_missing_seqs() -> None:
+    envs = envelopes(typical().values)
+    with pytest.raises(IntegrityViolation) as failure:
+        SessionProcessor(PolicyConfig("strict")).apply(None, pick(envs, 0, 1, 4, 5), NOW)
+    stop = failure.value
+    assert (stop.record.missing, stop.record.seq, stop.record.event_ms) == ((2, 3), 4, 1_004)
+    assert stop.records is not None
+    assert sorted({c["seq"] for c in stop.records.of("change")}) == [0, 1]
+    assert stop.records.of("integrity") == stop.records.of("session") == []
+    assert IntegrityViolation.from_dict(stop.as_dict()).record == stop.record
+
+
 def test_a_strict_stop_survives_pickling_with_its_record_and_message() -> None:
     import pickle
 
