@@ -17,7 +17,6 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from loadtest.correctness.outputspec import CONTRACTS, FORMATS
 from loadtest.errors import HarnessError
 from loadtest.gameday.drills import Drill, DrillOutcome, load_drill, scorecard_text, shipped
 from loadtest.planning.capacity import (
@@ -30,13 +29,20 @@ from loadtest.planning.capacity import (
     with_capacity,
 )
 from loadtest.reports.report import markdown_summary, write_report
-from loadtest.reports.results import Capacity, Results, Verdict
-from loadtest.run.job import JobSpec, LagFrom
-from loadtest.run.processes import PLACEHOLDERS
+from loadtest.reports.results import (
+    EXIT_CODES,
+    FAIL,
+    INCONCLUSIVE,
+    Capacity,
+    Results,
+    Verdict,
+    exit_code,
+)
+from loadtest.run.job import JobSpec
+from loadtest.run.jobargs import add_job_args, add_min_judged, add_source_arg, job_from_args
 from loadtest.run.profile import Profile, changed, load_profile, parse_load
 from loadtest.run.runner import RunRequest, execute
 from loadtest.run.stage import BrokerCommands
-from pipeline.config import SOURCES
 from sotw.cliargs import add_kafka_args, add_logging_args, kafka_config, setup_logging
 from sotw.kafka import KafkaConfig
 
@@ -62,6 +68,7 @@ def _parser(command: str) -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=float, default=None, help="override the profile's warm-up seconds")
     p.add_argument("--steady", type=float, default=None, help="override the profile's steady-phase seconds")
     p.add_argument("--policy", default=None, help="override the profile's integrity policy")
+    add_min_judged(p)
     # The nightly gate's self-test: sotw pipeline's micro-batches each wait this long (a planted regression).
     p.add_argument("--plant-batch-delay", type=float, default=0.0, help=argparse.SUPPRESS)
     p.add_argument(
@@ -70,7 +77,7 @@ def _parser(command: str) -> argparse.ArgumentParser:
         help="Spark master of the pipeline under test: spark://HOST:PORT for a standalone cluster "
         "(`sotw cluster` starts one here); default the pipeline's local[2]",
     )
-    _add_source(p)
+    add_source_arg(p)
     if command == "capacity":
         p.add_argument(
             "--method",
@@ -101,92 +108,12 @@ def _parser(command: str) -> argparse.ArgumentParser:
     return p
 
 
-def add_job_args(p: argparse.ArgumentParser) -> None:
-    """The flags that choose the job under test and how its output is read (``loadtest.run.job``)."""
-    g = p.add_argument_group(
-        "the job under test (default: sotw pipeline; see docs/own-pipeline.md)",
-    )
-    g.add_argument(
-        "--pipeline-cmd",
-        default=None,
-        metavar="TEMPLATE",
-        help="start this command instead of sotw pipeline, e.g. 'spark-submit job.py --bootstrap {bootstrap} "
-        "--topics {pattern} --out {output} --checkpoint {checkpoint}'; placeholders: "
-        + ", ".join("{" + k + "}" for k in PLACEHOLDERS),
-    )
-    g.add_argument(
-        "--attach", action="store_true", help="verify a job that is already running (needs --output)"
-    )
-    g.add_argument("--output", type=Path, default=None, help="--attach: where the job writes")
-    g.add_argument(
-        "--lag-from",
-        default=None,
-        metavar="SOURCE",
-        help="checkpoint:PATH (a Spark checkpoint) or group:ID (a consumer group's committed offsets); "
-        "default: the {checkpoint} the template was given",
-    )
-    g.add_argument(
-        "--contract", choices=CONTRACTS, default="full", help="output contract the verifier reads (full)"
-    )
-    g.add_argument(
-        "--format",
-        dest="output_format",
-        choices=FORMATS,
-        default="auto",
-        help="output format (auto: detected)",
-    )
-    g.add_argument(
-        "--ignore-column",
-        dest="ignore_columns",
-        action="append",
-        default=[],
-        metavar="NAME",
-        help="tables contract: a column of the job's table that is not one of the rows' (repeatable)",
-    )
-
-
-def job_from_args(args: argparse.Namespace) -> JobSpec | None:
-    """The ``JobSpec`` the flags describe; None for sotw's own pipeline with its defaults."""
-    if (
-        args.pipeline_cmd is None
-        and not args.attach
-        and args.output is None
-        and args.lag_from is None
-        and args.contract == "full"
-        and args.output_format == "auto"
-        and not args.ignore_columns
-    ):
-        return None
-    if args.output is not None and not args.attach:
-        raise HarnessError(
-            "--output is for --attach; a --pipeline-cmd job writes to {output} in the run directory"
-        )
-    return JobSpec(
-        command=args.pipeline_cmd,
-        attach=args.attach,
-        output=args.output,
-        lag_from=LagFrom.parse(args.lag_from) if args.lag_from else None,
-        contract=args.contract,
-        format=args.output_format,
-        ignore_columns=tuple(args.ignore_columns),
-    )
-
-
-def _add_source(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--source",
-        choices=SOURCES,
-        default=None,
-        help="Kafka reader of sotw's pipeline under test: Spark's own connector or sotw's Python data source "
-        "(default: the profile's, else the pipeline's default)",
-    )
-
-
 def _drill_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="sotw drill",
         description="Run a game-day drill (a shipped one by name, or a drill file) and score it: exit 0 only "
-        "if every expectation is met. `sotw drill --list` shows the shipped drills.",
+        "if every expectation is met, 1 if one is not, 4 (INCONCLUSIVE) if all are but the run judged too "
+        "little. `sotw drill --list` shows the shipped drills.",
     )
     p.add_argument("drill", nargs="?", help="a shipped drill's name, or the path of a drill file (.toml)")
     p.add_argument("--list", action="store_true", help="list the shipped drills and exit")
@@ -195,7 +122,8 @@ def _drill_parser() -> argparse.ArgumentParser:
         default=None,
         help="Spark master of the pipeline under test (spark://HOST:PORT; the worker-kill drills need one)",
     )
-    _add_source(p)
+    add_source_arg(p)
+    add_min_judged(p)
     p.add_argument(
         "--run-dir", type=Path, default=None, help="where to write (default runs/drill-<name>-<time>)"
     )
@@ -293,6 +221,8 @@ def drill_main(rest: Sequence[str]) -> int:
         drill = dataclasses.replace(drill, pipeline={**drill.pipeline, "master": args.master})
     if args.source:
         drill = dataclasses.replace(drill, pipeline={**drill.pipeline, "source": args.source})
+    if args.min_judged is not None:
+        drill = dataclasses.replace(drill, run={**drill.run, "min_judged": args.min_judged})
     kafka: KafkaConfig | None = kafka_config(args) if args.bootstrap else None
     commands = BrokerCommands(
         args.broker_stop_cmd, args.broker_start_cmd, args.broker_pause_cmd, args.broker_resume_cmd
@@ -312,7 +242,10 @@ def drill_main(rest: Sequence[str]) -> int:
     assert results.drill is not None
     print(scorecard_text(results.drill))
     print(f"\nreport: {paths.html}")
-    return 0 if results.drill.passed else 1
+    verdict = results.drill_verdict or FAIL
+    if verdict == INCONCLUSIVE:
+        print("drill INCONCLUSIVE: every expectation met, but " + "; ".join(results.verdict.reasons))
+    return EXIT_CODES[verdict]
 
 
 def _profile(args: argparse.Namespace) -> Profile:
@@ -322,6 +255,8 @@ def _profile(args: argparse.Namespace) -> Profile:
         run = dataclasses.replace(run, warmup_s=args.warmup)
     if args.steady is not None:
         run = dataclasses.replace(run, steady_s=args.steady)
+    if args.min_judged is not None:
+        run = dataclasses.replace(run, min_judged=args.min_judged)
     pipeline = profile.pipeline
     if args.policy is not None:
         pipeline = dataclasses.replace(pipeline, policy=args.policy)
@@ -354,11 +289,11 @@ def _finish(results: list[Results], out_dir: Path, name: str) -> int:
     paths = write_report(results, out_dir, name)
     print(markdown_summary(results, paths.html))
     print(f"\nreport: {paths.html}\nsummary: {paths.markdown}")
-    return 0 if all(r.verdict.verdict == "PASS" for r in results) else 1
+    return exit_code(r.verdict.verdict for r in results)
 
 
 def main(argv: Sequence[str]) -> int:
-    """``sotw run|bench|capacity|drill ...``; exit code 0 for PASS, 1 for FAIL."""
+    """``sotw run|bench|capacity|drill ...``; exit code 0 for PASS, 1 for FAIL, 4 for INCONCLUSIVE."""
     argv = list(argv)
     command = argv[0] if argv and argv[0] in ("run", "bench", "capacity", "drill") else "run"
     rest = argv[1:] if argv and argv[0] == command else argv

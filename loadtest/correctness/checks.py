@@ -1,281 +1,77 @@
-"""The verifier's checks, each adding what it finds to one Tally: every session's record, change rows, seqs and violations against its expectation, then the whole run's dead letters, values, timeouts, delivery and stop, and the score of each fault kind."""
+"""The verifier's run-wide checks, each adding what it finds to one ``Tally``.
+
+Where each row is filed, every change row's values, the timeouts, the dead letters, delivery and what the
+broker kept, and the score of each fault kind; each session's own record, changes and violations are
+``loadtest.correctness.sessions``'.
+"""
 
 from __future__ import annotations
 
-import json
+import hashlib
 import math
-from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections import defaultdict
+from collections.abc import Mapping
 from typing import Any
 
 import pandas as pd
 
+from loadtest.correctness.delivery import acknowledged, unknown
 from loadtest.correctness.expect import (
     Expectation,
-    SessionExpectation,
 )
 from loadtest.correctness.output import PipelineOutput
-from loadtest.correctness.policies import SESSION_LEVEL, Event
-from loadtest.correctness.values import check_changes, sent_messages
-from loadtest.reports.results import DamageWindow, Discrepancy, FaultScore
-from sotw.wire import table_digest
-
-# Violation kinds the pipeline reports, and the injected fault each one detects.
-FAULT_OF_VIOLATION = {
-    "gap": "gap",
-    "duplicate": "duplicate",
-    "reorder": "delayed",
-    "timeout": "abandoned",
-    "missing_snapshot": "gap",
-    "digest_mismatch": "-",
-    "late_after_close": "delayed",
-}
+from loadtest.correctness.tally import FAULT_OF_VIOLATION, Tally, opt_int, ratio
+from loadtest.correctness.values import check_changes, records, sent_messages
+from loadtest.reports.results import FaultScore
+from pipeline.sinks import HIVE_NULL
 
 
-@dataclass
-class Tally:
-    """What the checks found, accumulated before it becomes a ``Correctness``."""
+def check_placement(exp: Expectation, output: PipelineOutput, tally: Tally) -> None:
+    """Every change, session and integrity row names a session, and the sensor and topic that session is on.
 
-    discrepancies: list[Discrepancy] = field(default_factory=list)
-    counts: Counter[str] = field(default_factory=Counter)
-    statuses: Counter[str] = field(default_factory=Counter)
-    damage: list[DamageWindow] = field(default_factory=list)
-    faults: list[FaultScore] = field(default_factory=list)
-    required: Counter[str] = field(default_factory=Counter)
-    detected: Counter[str] = field(default_factory=Counter)
-    hits: Counter[str] = field(default_factory=Counter)
-    allowed_hits: Counter[str] = field(default_factory=Counter)
-
-    def merge(self, other: Tally) -> None:
-        """Add another tally's findings (one session's, under the reading chosen for it)."""
-        self.discrepancies += other.discrepancies
-        self.damage += other.damage
-        self.faults += other.faults
-        for mine, theirs in (
-            (self.counts, other.counts),
-            (self.statuses, other.statuses),
-            (self.required, other.required),
-            (self.detected, other.detected),
-            (self.hits, other.hits),
-            (self.allowed_hits, other.allowed_hits),
-        ):
-            mine.update(theirs)
-
-    def add(self, kind: str, exp: SessionExpectation | None, detail: str, **where: Any) -> None:
-        """Record one discrepancy; ``exp`` fills in session, sensor and topic unless ``where`` names them."""
-        if exp is not None:
-            where = {"session": exp.session, "sensor": exp.sensor, "topic": exp.topic, **where}
-        where.setdefault("session", "")
-        self.discrepancies.append(Discrepancy(kind=kind, detail=detail, **where))
-
-
-def _by_session(frame: pd.DataFrame) -> dict[str, pd.DataFrame]:
-    if frame.empty or "session" not in frame.columns:
-        return {}
-    return {str(k): g for k, g in frame.groupby("session", sort=False)}
-
-
-def _opt_int(value: Any) -> int | None:
-    return None if value is None or (isinstance(value, float) and math.isnan(value)) else int(value)
-
-
-@dataclass(frozen=True)
-class _Observed:
-    """What the pipeline wrote for one session."""
-
-    records: pd.DataFrame
-    changes: pd.DataFrame
-    events: frozenset[Event]
-
-
-def check_sessions(exp: Expectation, output: PipelineOutput, tally: Tally) -> None:
-    """Each session's record, change rows and violations against the reading of the policy they fit best."""
-    records, changes = _by_session(output.sessions), _by_session(output.changes)
-    events = _observed_events(output.integrity)
-    tally.counts["rows_written"] = len(output.changes)
-    for name in sorted(set(records) | set(changes) | set(events)):
-        if name not in exp.sessions:
-            _unknown_session(name, records, changes, events, tally)
-    for name, readings in exp.sessions.items():
-        seen = _Observed(
-            records.get(name, pd.DataFrame()),
-            changes.get(name, pd.DataFrame(columns=["seq", "row_id"])),
-            frozenset(events.get(name, set())),
-        )
-        candidates = []
-        for want in readings:
-            local = Tally()
-            _check_session(want, seen, local)
-            candidates.append(local)
-        tally.merge(min(candidates, key=lambda t: len(t.discrepancies)))
-
-
-def _unknown_session(
-    name: str,
-    records: dict[str, pd.DataFrame],
-    changes: dict[str, pd.DataFrame],
-    events: dict[str, set[Event]],
-    tally: Tally,
-) -> None:
-    if name in records:
-        tally.add(
-            "unknown_session", None, "a session record for a session the ledger never had", session=name
-        )
-    if name in changes:
-        tally.counts["rows_unexpected"] += len(changes[name])
-        tally.add("unexpected_row", None, "change rows for a session the ledger never had", session=name)
-    for kind, _ in events.get(name, set()):
-        tally.detected[kind] += 1
-    if name in events:
-        tally.add("false_violation", None, "violations for a session the ledger never had", session=name)
-
-
-def _check_session(want: SessionExpectation, seen: _Observed, tally: Tally) -> None:
-    got = seen.records
-    if got.empty:
-        if want.must_be_present:
-            tally.counts["exact_required"] += int(want.exact)
-            tally.add(
-                "missing_session",
-                want,
-                f"no session record; expected {sorted(want.statuses)}",
-                seq=max(want.applied_max, default=None),
-            )
-    else:
-        if len(got) > 1:
-            tally.add("repeated_session", want, f"{len(got)} session records")
-        _check_record(want, {str(k): v for k, v in got.iloc[0].to_dict().items()}, tally)
-    # A session a strict stop cut short, and the output has not closed, holds only a prefix of its changes:
-    # only the changes of every other session must replay to the true table.
-    _check_changes(want, seen.changes, tally, whole=not (want.cut_short and got.empty))
-    _check_events(want, seen.events, tally)
-
-
-def _check_record(want: SessionExpectation, rec: dict[str, Any], tally: Tally) -> None:
-    """Status, closing, table digest and degraded-from seq of one session record."""
-    status = str(rec.get("status"))
-    tally.statuses[status] += 1
-    if status not in want.statuses:
-        expected = sorted(want.statuses - {"absent"})
-        tally.add("wrong_status", want, f"status {status!r}, expected one of {expected}")
-    closed_by = rec.get("closed_by")
-    if closed_by is not None and str(closed_by) not in want.closed_by:
-        tally.add("wrong_closed_by", want, f"closed by {closed_by!r}, expected {sorted(want.closed_by)}")
-    if want.exact:
-        tally.counts["exact_required"] += 1
-        if rec.get("digest") == want.truth_digest:
-            tally.counts["exact"] += 1
-        else:
-            tally.add("table_mismatch", want, f"digest {rec.get('digest')} != truth {want.truth_digest}")
-    observed_from = _opt_int(rec.get("degraded_from_seq"))
-    if want.degraded_from:
-        first = min(want.degraded_from)
-        affected = sum(1 for s in want.update_seqs if s >= first)
-        tally.damage.append(DamageWindow(want.session, want.sensor, first, observed_from, affected))
-        if status == "degraded" and observed_from not in want.degraded_from:
-            expected_from = sorted(want.degraded_from)
-            tally.add(
-                "wrong_degraded_from", want, f"degraded from seq {observed_from}, expected {expected_from}"
-            )
-
-
-def _check_changes(want: SessionExpectation, rows: pd.DataFrame, tally: Tally, *, whole: bool = True) -> None:
-    """Every applied message has its change rows exactly as often as the policy allows; none extra.
-
-    The counting is vectorized per session; only seqs that break a bound are looked at one by one.
+    A row without a session belongs to no table (a ``malformed`` record of a message without a key excepted:
+    it has none to name). A row under another sensor than its session's is misfiled: a reader of that
+    sensor's partition of the output finds it, the session's own reader does not. Both are discrepancies of
+    their own; a misfiled row still counts for its session in every other check.
     """
-    mult = rows.groupby(["seq", "row_id"]).size() if not rows.empty else pd.Series(dtype="int64")
-    seqs = mult.index.get_level_values(0) if len(mult) else pd.Index([], dtype="int64")
-    per_seq = (
-        mult.groupby(seqs).agg(["min", "max", "size"])
-        if len(mult)
-        else pd.DataFrame(columns=["min", "max", "size"])
-    )
-    bounds = pd.DataFrame(
-        {"lo": pd.Series(want.applied_min, dtype="int64"), "hi": pd.Series(want.applied_max, dtype="int64")}
-    )
-    joined = per_seq.join(bounds, how="outer").astype("float64").fillna(0.0)
-    tally.counts["rows_expected"] += int((joined["lo"] * joined["size"].clip(lower=1)).sum())
-    bad = joined[(joined["min"] < joined["lo"]) | (joined["max"] > joined["hi"])]
-    for seq in bad.index:
-        counts = [int(n) for n in mult.xs(int(seq), level=0).tolist()] if int(seq) in per_seq.index else []
-        _check_seq(want, int(seq), counts, tally)
-    if want.exact and whole and not rows.empty and _replayed_digest(rows) != want.truth_digest:
-        tally.add(
-            "changes_table_mismatch",
-            want,
-            "replaying the change rows in seq order does not give the true table",
-        )
-
-
-def _check_seq(want: SessionExpectation, seq: int, mult: list[int], tally: Tally) -> None:
-    lo, hi = want.applied_min.get(seq, 0), want.applied_max.get(seq, 0)
-    if not mult:
-        if lo:
-            tally.counts["rows_lost"] += lo
-            tally.add("lost_row", want, f"no change row for seq {seq} (expected {lo}x)", seq=seq)
-        return
-    short = sum(max(0, lo - n) for n in mult)
-    extra = sum(max(0, n - hi) for n in mult)
-    if short:
-        tally.counts["rows_lost"] += short
-        tally.add("lost_row", want, f"seq {seq}: {short} change rows missing", seq=seq)
-    if extra and hi == 0:
-        tally.counts["rows_unexpected"] += extra
-        why = "the policy" if want.stop_at is None else f"strict (the query must stop at seq {want.stop_at})"
-        tally.add("unexpected_row", want, f"seq {seq} must not be applied under {why}", seq=seq)
-    elif extra:
-        tally.counts["rows_repeated"] += extra
-        tally.add("repeated_row", want, f"seq {seq}: {extra} change rows written more than {hi}x", seq=seq)
-
-
-def _replayed_digest(rows: pd.DataFrame) -> str:
-    """The table the change rows describe: from the last snapshot on, each row's change with the highest seq."""
-    snapshots = rows.loc[rows["op"] == "snapshot", "seq"]
-    since = rows[rows["seq"] >= snapshots.max()] if len(snapshots) else rows
-    last = since.sort_values("seq", kind="stable").drop_duplicates("row_id", keep="last")
-    live = last[(last["op"] != "delete") & last["values"].notna()]
-    return table_digest(json.loads(v) for v in live["values"])
-
-
-def _observed_events(integrity: pd.DataFrame) -> dict[str, set[Event]]:
-    """The pipeline's integrity events as ``(violation, seq)`` per session; a gap names every missing seq."""
-    events: dict[str, set[Event]] = defaultdict(set)
-    if integrity.empty:
-        return events
-    for rec in integrity.to_dict("records"):
-        kind, session = str(rec.get("violation")), str(rec.get("session"))
-        if kind == "malformed":
-            continue  # matched through dead letters, by offset
-        if kind == "gap":
-            lo, hi = _opt_int(rec.get("missing_from")), _opt_int(rec.get("missing_to"))
-            if lo is None or hi is None:
-                lo, hi = _opt_int(rec.get("expected_seq")) or 0, (_opt_int(rec.get("got_seq")) or 0) - 1
-            events[session].update(("gap", m) for m in range(lo, hi + 1))
-        elif kind in ("duplicate", "reorder", "late_after_close"):
-            got = _opt_int(rec.get("got_seq"))
-            events[session].add((kind, got if got is not None else SESSION_LEVEL))
-        else:
-            events[session].add((kind, SESSION_LEVEL))
-    return events
-
-
-def _check_events(want: SessionExpectation, got: frozenset[Event], tally: Tally) -> None:
-    """Required violations reported (recall) and reported violations allowed (precision)."""
-    need, allow = want.events_required, want.events_allowed
-    tally.required.update(k for k, _ in need)
-    tally.detected.update(k for k, _ in got)
-    tally.hits.update(k for k, _ in got & need)
-    tally.allowed_hits.update(k for k, _ in got & allow)
-    for kind, seqs in _group(need - got).items():
-        first = seqs[0] if seqs[0] != SESSION_LEVEL else None
-        tally.add("missed_violation", want, f"{kind} not reported for seq {_seqs(seqs)}", seq=first)
-    for kind, seqs in _group(got - allow).items():
-        first = seqs[0] if seqs[0] != SESSION_LEVEL else None
-        tally.add(
-            "false_violation", want, f"{kind} reported for seq {_seqs(seqs)} but none happened", seq=first
-        )
+    where = {name: (readings[0].sensor, readings[0].topic) for name, readings in exp.sessions.items()}
+    for dataset, frame in (
+        ("changes", output.changes),
+        ("sessions", output.sessions),
+        ("integrity", output.integrity),
+    ):
+        if frame.empty or "session" not in frame.columns:
+            continue
+        nameless = frame["session"].isna() | (frame["session"].astype(str) == "")
+        if dataset == "integrity" and "violation" in frame.columns:
+            nameless &= frame["violation"] != "malformed"
+        if nameless.any():
+            if dataset == "changes":
+                tally.counts["rows_unexpected"] += int(nameless.sum())
+            kind = {
+                "changes": "unexpected_row",
+                "sessions": "unknown_session",
+                "integrity": "false_violation",
+            }
+            tally.add(kind[dataset], None, f"{int(nameless.sum())} {dataset} rows name no session")
+        named = frame[~nameless & frame["session"].astype(str).isin(where)]
+        if dataset == "integrity" and "violation" in named.columns and "sensor" in named.columns:
+            # A malformed message's sensor is what could be read of it, often nothing: filed under none.
+            unread = named["sensor"].isna() | (named["sensor"].astype(str) == HIVE_NULL)
+            named = named[~((named["violation"] == "malformed") & unread)]
+        for column, place in (("sensor", 0), ("topic", 1)):
+            if column not in named.columns or named.empty:
+                continue
+            owner = named["session"].astype(str).map(lambda s, i=place: where[s][i])  # type: ignore[misc]
+            wrong = named[named[column].astype("string").fillna("") != owner]
+            for session, rows in wrong.groupby(wrong["session"].astype(str)):
+                want = exp.sessions[str(session)][0]
+                found = ", ".join(sorted({str(v) for v in rows[column]}))
+                tally.add(
+                    f"wrong_{column}",
+                    want,
+                    f"{len(rows)} {dataset} rows under {column} {found}; the session is on {owner[rows.index[0]]}",
+                )
 
 
 def score_faults(exp: Expectation, tally: Tally) -> None:
@@ -296,82 +92,177 @@ def score_faults(exp: Expectation, tally: Tally) -> None:
         )
 
 
-def _group(events: Iterable[Event]) -> dict[str, list[int]]:
-    grouped: dict[str, list[int]] = defaultdict(list)
-    for kind, seq in sorted(events):
-        grouped[kind].append(seq)
-    return grouped
+def check_dead_letters(exp: Expectation, output: PipelineOutput, tally: Tally) -> None:
+    """Every malformed copy the broker took, and kept, is quarantined with its bytes; no valid message is.
 
-
-def _seqs(seqs: list[int]) -> str:
-    shown = ", ".join("-" if s == SESSION_LEVEL else str(s) for s in seqs[:8])
-    return shown + (f" and {len(seqs) - 8} more" if len(seqs) > 8 else "")
-
-
-def ratio(num: int, den: int) -> float:
-    """``num / den``, or NaN when there is nothing to divide by."""
-    return num / den if den else math.nan
-
-
-def check_dead_letters(exp: Expectation, dead: pd.DataFrame, tally: Tally) -> None:
-    """Every malformed copy the broker took, and kept, is quarantined; no valid message is.
-
-    A malformed copy the broker gave away (``Expectation.overwritten``) is not required: the pipeline may
-    never have read it, and ``check_broker_kept`` counts it as the broker's loss.
+    A dead letter is matched to a malformed copy at its position, or, for a copy the ledger has no offset of
+    (acknowledged without one, or of unknown outcome), by its bytes (the SHA-256 the ledger keeps) in its
+    partition. A copy of unknown outcome may have its dead letter or not. A malformed copy the broker gave
+    away (``Expectation.overwritten``) is not required: the pipeline may never have read it, and
+    ``check_broker_kept`` counts it as the broker's loss. A dead letter at a malformed copy's position must
+    hold its bytes.
     """
-
-    def key(r: Mapping[Any, Any]) -> tuple[str, int, int]:
-        return (str(r["topic"]), int(r["partition"]), int(r["offset"]))
-
-    malformed = exp.malformed
-    given_away = (
-        malformed.index.isin(exp.overwritten.index) if len(exp.overwritten) else [False] * len(malformed)
-    )
-    every = {key(r): r for r in malformed.to_dict("records")}
-    got: set[tuple[str, int, int]] = set()
-    if not dead.empty:
-        got = {
-            (str(t), int(p), int(o))
-            for t, p, o in zip(dead["topic"], dead["partition"], dead["offset"], strict=True)
-        }
-    # Required: what the broker kept, and what it gave away only if the pipeline got to read it first.
-    kept = malformed[[not g for g in given_away]]
-    wanted = {key(r): r for r in kept.to_dict("records")} | {k: r for k, r in every.items() if k in got}
-    hits = got & set(wanted)
-    tally.counts["malformed_quarantined"] = len(hits)
-    for k in sorted(set(wanted) - got):
-        r = wanted[k]
-        want = exp.sessions.get(str(r["session"]), (None,))[0]
+    ledger, dead = exp.ledger, output.dead_letters
+    copies = ledger[(ledger["fault"] == "malformed") & (acknowledged(ledger) | unknown(ledger))]
+    at: dict[tuple[str, int, int], Any] = {}
+    unplaced: dict[tuple[str, int, str], list[Any]] = defaultdict(list)
+    for label, r in zip(copies.index, records(copies), strict=True):
+        if opt_int(r["offset"]) is not None:
+            at[(str(r["topic"]), int(r["partition"]), int(r["offset"]))] = label
+        elif isinstance(r["value_sha256"], str):
+            unplaced[(str(r["topic"]), int(r["partition"]), r["value_sha256"])].append(label)
+    matched: dict[Any, tuple[str, int, int]] = {}
+    for r in records(dead) if not dead.empty else []:
+        where = (str(r["topic"]), int(r["partition"]), int(r["offset"]))
+        value = r.get("value")
+        digest = hashlib.sha256(bytes(value)).hexdigest() if isinstance(value, bytes | bytearray) else None
+        label = at.get(where)
+        if label is None and digest is not None:
+            waiting = unplaced.get((where[0], where[1], digest))
+            label = waiting.pop(0) if waiting else None
+        if label is None:
+            tally.add(
+                "false_dead_letter", None, "a dead letter the ledger does not call malformed", **_at(where)
+            )
+            continue
+        matched[label] = where
+        sent = ledger.at[label, "value_sha256"]
+        if "value" in r and isinstance(sent, str) and digest != sent:
+            tally.add(
+                "wrong_dead_letter",
+                exp.sessions.get(str(ledger.at[label, "session"]), (None,))[0],
+                f"the dead letter of the malformed copy of seq {ledger.at[label, 'seq']} does not hold its bytes",
+                session=str(ledger.at[label, "session"]),
+                **_at(where),
+            )
+    given_away = set(exp.overwritten.index) if len(exp.overwritten) else set()
+    read_to = _read_to(output) if exp.must_stop else None
+    required = [
+        label
+        for label in copies.index[acknowledged(copies)]
+        if (label not in given_away or label in matched)
+        and _was_read(ledger.loc[label], read_to, label in matched)
+    ]
+    tally.counts["malformed_quarantined"] = sum(1 for label in required if label in matched)
+    for label in required:
+        if label in matched:
+            continue
+        r = ledger.loc[label]
+        offset = opt_int(r["offset"])
         tally.add(
             "malformed_not_quarantined",
-            want,
+            exp.sessions.get(str(r["session"]), (None,))[0],
             f"malformed copy of seq {r['seq']} not in dead letters",
             session=str(r["session"]),
             seq=None,
-            partition=k[1],
-            offset=k[2],
+            partition=int(r["partition"]),
+            offset=offset,
         )
-    for k in sorted(got - set(every)):
-        tally.add(
-            "false_dead_letter",
-            None,
-            "a dead letter the ledger does not call malformed",
-            topic=k[0],
-            partition=k[1],
-            offset=k[2],
-        )
-    if wanted or got:
+    needed = {matched.get(label) or _position(ledger.loc[label]) for label in required}
+    _check_malformed_reports(output.integrity, at, matched, {w for w in needed if w is not None}, tally)
+    detected = len(dead) if not dead.empty else 0
+    if required or detected:
+        hits = sum(1 for label in required if label in matched)
         tally.faults.append(
             FaultScore(
                 "malformed",
                 "malformed",
                 exp.injected.get("malformed", 0),
-                len(wanted),
-                len(got),
-                len(hits),
-                ratio(len(hits), len(got)),
-                ratio(len(hits), len(wanted)),
+                len(required),
+                detected,
+                hits,
+                ratio(len(matched), detected),
+                ratio(hits, len(required)),
             )
+        )
+
+
+def _at(where: tuple[str, int, int]) -> dict[str, Any]:
+    return {"topic": where[0], "partition": where[1], "offset": where[2]}
+
+
+def _read_to(output: PipelineOutput) -> dict[tuple[str, int, str], int]:
+    """Per partition and session, the highest offset the job's output shows it read of that session.
+
+    A strict stop ends a session's reading at its violation, and every other session's at the last batch
+    committed, whatever else of the partition the batch held.
+    """
+    frames = [f for f in (output.changes, output.integrity, output.dead_letters) if not f.empty]
+    columns = ["topic", "partition", "session", "offset"]
+    parts = [
+        f[columns].dropna(subset=["topic", "partition", "offset"]) for f in frames if set(columns) <= set(f)
+    ]
+    if not parts:
+        return {}
+    both = pd.concat(parts, ignore_index=True)
+    keys = [both["topic"].astype(str), both["partition"].astype("int64"), both["session"].astype(str)]
+    top = both.groupby(keys)["offset"].max().reset_index()
+    return {
+        (str(t), int(q), str(n)): int(o)
+        for t, q, n, o in zip(top["topic"], top["partition"], top["session"], top["offset"], strict=True)
+    }
+
+
+def _was_read(copy: pd.Series, read_to: Mapping[tuple[str, int, str], int] | None, matched: bool) -> bool:
+    """Whether the job must have read ``copy``: always, unless a strict stop ended its reading before it.
+
+    A job a strict stop ended read each session up to some offset (the highest its output shows of it); a
+    malformed copy past it was never its to quarantine.
+    """
+    if read_to is None or matched:
+        return True
+    offset = opt_int(copy["offset"])
+    if offset is None:
+        return False
+    return offset < read_to.get((str(copy["topic"]), int(copy["partition"]), str(copy["session"])), -1)
+
+
+def _position(copy: pd.Series) -> tuple[str, int, int] | None:
+    offset = opt_int(copy["offset"])
+    return None if offset is None else (str(copy["topic"]), int(copy["partition"]), offset)
+
+
+def _check_malformed_reports(
+    integrity: pd.DataFrame,
+    at: Mapping[tuple[str, int, int], Any],
+    matched: Mapping[Any, tuple[str, int, int]],
+    needed: set[tuple[str, int, int]],
+    tally: Tally,
+) -> None:
+    """Each ``malformed`` integrity record is about a malformed copy, and each quarantined copy has one.
+
+    A record is about a copy at its position or its dead letter's; every malformed copy the job must
+    quarantine (``needed``: where each sits) has its record too (docs/pipeline-outputs.md).
+    """
+    reports = (
+        integrity[integrity["violation"] == "malformed"]
+        if not integrity.empty and "violation" in integrity.columns
+        else integrity.iloc[0:0]
+    )
+    known = set(at) | set(matched.values())
+    said = set()
+    for r in records(reports):
+        where = (str(r.get("topic")), opt_int(r.get("partition")), opt_int(r.get("offset")))
+        said.add(where)
+        if where in known:
+            continue
+        tally.add(
+            "false_violation",
+            None,
+            f"malformed reported at {where[0]}[{where[1]}]@{where[2]}, where no malformed copy is",
+            session=str(r.get("session") or ""),
+            topic=where[0],
+            partition=where[1],
+            offset=where[2],
+        )
+    for where in sorted(needed - said):
+        tally.add(
+            "missed_violation",
+            None,
+            f"malformed not reported at {where[0]}[{where[1]}]@{where[2]}, where a malformed copy is",
+            topic=where[0],
+            partition=where[1],
+            offset=where[2],
         )
 
 
@@ -484,14 +375,19 @@ def check_broker_kept(exp: Expectation, tally: Tally) -> None:
         )
 
 
-def check_stop(exp: Expectation, pipeline_stopped: bool | None, tally: Tally) -> None:
-    """Under ``strict`` a violation must stop the query."""
-    if not exp.must_stop or pipeline_stopped is not False:
-        return
-    first = next(e for readings in exp.sessions.values() for e in readings if e.stop_at is not None)
-    tally.add(
-        "did_not_stop",
-        first,
-        f"strict must stop the query at seq {first.stop_at} but it kept running",
-        seq=first.stop_at,
-    )
+def faults_delivered(ledger: pd.DataFrame) -> dict[str, int]:
+    """How many injected faults of each kind reached the broker, where the pipeline could meet them.
+
+    A duplicate, delayed or malformed copy when the broker acknowledged it; a gap (a seq never sent) when a
+    later seq of its session was acknowledged; an abandoned session when any of its copies was.
+    """
+    acked = acknowledged(ledger)
+    out: dict[str, int] = {}
+    for kind in ("duplicate", "delayed", "malformed"):
+        out[kind] = int((acked & (ledger["fault"] == kind)).sum())
+    highest = ledger[acked].groupby("session")["seq"].max()
+    gaps = ledger[ledger["fault"] == "gap"]
+    out["gap"] = int((gaps["seq"].to_numpy() < gaps["session"].map(highest).fillna(-1).to_numpy()).sum())
+    abandoned = set(ledger.loc[ledger["fault"] == "abandoned", "session"].astype(str))
+    out["abandoned"] = len(abandoned & set(ledger.loc[acked, "session"].astype(str)))
+    return out

@@ -29,19 +29,12 @@ from typing import Any
 
 import pandas as pd
 
+from loadtest.correctness.expect import strict_stop_at
 from loadtest.correctness.outputspec import COMMITTED, SEQ
+from loadtest.correctness.stops import JobExit
+from loadtest.correctness.tablerows import compare_plan, compare_to_truth, prefix_row_plans, row_plans
 from loadtest.correctness.tables import TablesOutput
-from loadtest.correctness.values import (
-    ABSENT,
-    FROM_MESSAGE,
-    FROM_SNAPSHOT,
-    FROM_TRUTH,
-    carries,
-    expected_rows,
-    has_row_ids,
-    records,
-    sent_messages,
-)
+from loadtest.correctness.values import has_row_ids, sent_messages
 from loadtest.reports.results import Correctness, Discrepancy
 
 log = logging.getLogger(__name__)
@@ -51,20 +44,6 @@ log = logging.getLogger(__name__)
 
 
 # --------------------------------------------------------------------------------------------- verdict
-
-
-def same_row(got: dict[str, Any], want: dict[str, Any]) -> bool:
-    """Whether two rows hold the same columns and values (numbers compared as numbers: 21 == 21.0)."""
-    if set(got) != set(want):
-        return False
-    for name, value in want.items():
-        mine = got[name]
-        if isinstance(value, int | float) and isinstance(mine, int | float) and not isinstance(value, bool):
-            if float(value) != float(mine):
-                return False
-        elif mine != value:
-            return False
-    return True
 
 
 def _list(values: Iterable[int], most: int = 6) -> str:
@@ -105,9 +84,10 @@ def judge_sessions(messages: pd.DataFrame, ledger: pd.DataFrame, snapshots: pd.D
 
     A session every snapshot and update seq of which reached the broker intact is judged against the truth.
     One that lost some (an injected gap, a malformed copy without an intact one, a send the broker refused)
-    is judged against the table its delivered messages build (``loadtest.correctness.values.expected_rows``), which
-    needs the ledger's row ids and, if its snapshot arrived, the snapshot's rows. One with a copy sent and
-    never acknowledged nor refused is not judged: the broker may hold that message or not.
+    or holds messages whose delivery is unknown (sent, never acknowledged nor refused: the broker may hold
+    them or not) is judged against the table its delivered messages build, each message of unknown delivery
+    taken either way (``loadtest.correctness.values.expected_rows``); that needs the ledger's row ids and, if
+    its snapshot arrived, the snapshot's rows, without which it is not judged.
     """
     faults = (
         ledger[ledger["kind"] != "end"]
@@ -126,15 +106,22 @@ def judge_sessions(messages: pd.DataFrame, ledger: pd.DataFrame, snapshots: pd.D
         if missing.empty:
             complete.add(name)
             continue
-        kinds = sorted({faults.get((session, int(s)), "not delivered") for s in missing["seq"]})
-        lost[name] = (
-            f"seq {_list(int(s) for s in missing['seq'])} never reached the broker intact ({', '.join(kinds)})"
-        )
-        unknown = rows[rows["unknown"]]
+        gone = missing[~missing["unknown"]]
+        maybe = missing[missing["unknown"]]
+        parts = []
+        if not gone.empty:
+            kinds = sorted({faults.get((session, int(s)), "not delivered") for s in gone["seq"]})
+            parts.append(
+                f"seq {_list(int(s) for s in gone['seq'])} never reached the broker intact ({', '.join(kinds)})"
+            )
+        if not maybe.empty:
+            parts.append(
+                f"seq {_list(int(s) for s in maybe['seq'])} sent and neither acknowledged nor refused "
+                "(either way is right)"
+            )
+        lost[name] = "; ".join(parts)
         snapshot_arrived = bool(rows.loc[rows["kind"] == "snapshot", "delivered"].any())
-        if not unknown.empty:
-            not_judged[name] = f"seq {_list(int(s) for s in unknown['seq'])} was sent and never acknowledged"
-        elif not row_ids or (snapshot_arrived and name not in known):
+        if not row_ids or (snapshot_arrived and name not in known):
             not_judged[name] = "the run's ledger or truth does not say which rows its messages touched"
         else:
             lossy.add(name)
@@ -147,6 +134,9 @@ def verify_tables(
     truth_tables: pd.DataFrame,
     output: TablesOutput,
     snapshots: pd.DataFrame | None = None,
+    *,
+    strict: bool = False,
+    job_exit: JobExit | None = None,
 ) -> tuple[Correctness, list[Discrepancy]]:
     """Compare every session's (or sensor's) final table with what a correct job holds, row by row.
 
@@ -154,7 +144,16 @@ def verify_tables(
     delivered messages build (``judge_sessions``). Returns the ``Correctness`` (without triage) and its
     discrepancies, one per wrong, missing, extra or repeated row and per column the contract does not know,
     each naming the session, the row and the faults its session met.
+
+    A ``strict`` job must stop at the first violation that reaches it, and the tables contract has no
+    integrity output to name it: when a violation reached the broker, the job must have exited on its own
+    with a non-zero code, and its tables must hold nothing past the first fault (``_strict_tables``).
     """
+    if strict:
+        stops = {str(name): strict_stop_at(rows) for name, rows in ledger.groupby("session", sort=False)}
+        stopping = {name: at for name, at in stops.items() if at is not None}
+        if stopping:
+            return _strict_tables(ledger, output, snapshots, stopping, job_exit)
     snapshots = (
         snapshots if snapshots is not None else pd.DataFrame(columns=["sensor", "session", "id", "values"])
     )
@@ -175,7 +174,7 @@ def verify_tables(
     found: list[Discrepancy] = []
     got = _without_unknown_columns(output, truth_rows, found)
     lossy = judgement.from_delivered & set(truth_of.values())
-    plans = _plans(messages, snapshots, lossy, truth_rows)
+    plans = row_plans(messages, snapshots, lossy, truth_rows)
     got_by_key = {str(k): g for k, g in got.groupby("key")} if not got.empty else {}
     counts: Counter[str] = Counter()
     judged = exact = 0
@@ -194,13 +193,14 @@ def verify_tables(
             continue
         judged += 1
         mine = got_by_key.get(key, got.iloc[0:0])
+        found += _misfiled(session, sensor, mine)
         if session in lossy:
             counts["from_delivered"] += 1
-            problems = _compare_plan(plans.get(session, []), mine, counts)
+            problems = compare_plan(plans.get(session, []), mine, counts)
             story = "; ".join(p for p in (faults.get(session), judgement.lost[session]) if p)
         else:
             counts["expected"] += len(truth_rows[session])
-            problems = [(k, d, None) for k, d in _compare(truth_rows[session], mine, counts)]
+            problems = [(k, d, None) for k, d in compare_to_truth(truth_rows[session], mine, counts)]
             story = faults.get(session) or "no fault reached this session: the job's own error"
         exact += not problems
         for kind, detail, seq in problems:
@@ -227,6 +227,120 @@ def verify_tables(
         sessions_not_judged=counts["not_judged"],
         rows_values_checked=counts["checked"],
         sessions_judged_from_delivered=counts["from_delivered"],
+        sessions_judged=judged,
+    )
+    return correctness, found
+
+
+def _misfiled(session: str, sensor: str, rows: pd.DataFrame) -> list[Discrepancy]:
+    """A session-keyed table's rows whose ``sensor`` column names another sensor than their session's."""
+    if rows.empty or "sensor" not in rows or rows["sensor"].isna().all():
+        return []
+    wrong = rows[rows["sensor"].astype("string").fillna("") != sensor]
+    if wrong.empty:
+        return []
+    names = ", ".join(sorted({str(v) for v in wrong["sensor"]}))
+    return [
+        Discrepancy(
+            "wrong_sensor",
+            session,
+            f"{len(wrong)} rows under sensor {names}; the session is on {sensor}",
+            sensor,
+        )
+    ]
+
+
+def _strict_tables(
+    ledger: pd.DataFrame,
+    output: TablesOutput,
+    snapshots: pd.DataFrame | None,
+    stopping: dict[str, int],
+    job_exit: JobExit | None,
+) -> tuple[Correctness, list[Discrepancy]]:
+    """A strict job's tables once a violation reached it: its stop, and nothing past the first fault.
+
+    The job stops at a moment the verifier cannot see, so every session may hold any prefix of what reached
+    it: each row must be absent or hold what a message of its session that reached the broker set (a
+    session that must stop: one below the seq it must stop at). The job must have exited on its own, with a
+    non-zero code.
+    """
+    snapshots = (
+        snapshots if snapshots is not None else pd.DataFrame(columns=["sensor", "session", "id", "values"])
+    )
+    messages = sent_messages(ledger)
+    messages = messages[
+        [
+            int(q) < stopping.get(str(s), 1 << 62)
+            for s, q in zip(messages["session"], messages["seq"], strict=True)
+        ]
+    ]
+    sessions = sorted({str(s) for s in ledger["session"]})
+    sensor_of = {str(s): str(n) for s, n in zip(ledger["session"], ledger["sensor"], strict=True)}
+    plans = prefix_row_plans(messages, snapshots, set(sessions))
+    got = output.rows
+    got_by_key = {str(k): g for k, g in got.groupby("key")} if not got.empty else {}
+    found: list[Discrepancy] = []
+    first = min(stopping)
+    if job_exit is None or not job_exit.on_its_own or job_exit.code == 0:
+        how = job_exit.describe() if job_exit is not None else "the job's exit is not known"
+        kind = "did_not_stop" if job_exit is not None and not job_exit.on_its_own else "no_policy_stop"
+        found.append(
+            Discrepancy(
+                kind,
+                first,
+                f"strict must stop at the first violation (seq {stopping[first]} of this session, or another's), "
+                f"exiting on its own with a non-zero code; {how}",
+                sensor_of.get(first, ""),
+                seq=stopping[first],
+            )
+        )
+    counts: Counter[str] = Counter()
+    if output.key != "session":
+        sessions_of = {sensor_of[s]: s for s in sessions}
+        keys = sorted(set(sessions_of) | set(got_by_key))
+    else:
+        sessions_of = {s: s for s in sessions}
+        keys = sorted(set(sessions) | set(got_by_key))
+    for key in keys:
+        session = sessions_of.get(key)
+        if session is None:
+            counts["extra"] += len(got_by_key[key])
+            found.append(Discrepancy("unknown_session", key, f"rows for a {output.key} the ledger never had"))
+            continue
+        mine = got_by_key.get(key, got.iloc[0:0])
+        if output.key == "session":
+            found += _misfiled(session, sensor_of[session], mine)
+        stop = stopping.get(session)
+        story = (
+            f"strict must stop this session at seq {stop}" if stop is not None else "strict stopped the job"
+        )
+        for kind, detail, seq in compare_plan(plans.get(session, []), mine, counts):
+            found.append(Discrepancy(kind, session, f"{detail}; {story}", sensor_of[session], seq=seq))
+    kinds = Counter(d.kind for d in found)
+    correctness = Correctness(
+        policy="tables",
+        passed=not found,
+        sessions_expected=len(sessions),
+        sessions_exact_required=0,
+        sessions_exact=0,
+        exact_match_rate=math.nan,
+        rows_expected=0,
+        rows_written=len(got),
+        rows_lost=0,
+        rows_repeated=counts["repeated"],
+        rows_unexpected=counts["extra"],
+        malformed_sent=0,
+        malformed_quarantined=0,
+        must_stop=True,
+        discrepancy_counts=dict(kinds),
+        reasons=[f"{n} {k.replace('_', ' ')}" for k, n in sorted(kinds.items())],
+        contract="tables",
+        rows_wrong=counts["wrong"],
+        rows_values_checked=counts["checked"],
+        sessions_judged=len({k for k in got_by_key if k in sessions_of}),
+        policy_stop=None
+        if any(d.kind in ("did_not_stop", "no_policy_stop") for d in found)
+        else (f"the job exited with code {job_exit.code}" if job_exit is not None else None),
     )
     return correctness, found
 
@@ -264,106 +378,6 @@ def _without_unknown_columns(
     return got.assign(row=pd.Series(kept, index=got.index, dtype=object))
 
 
-@dataclass(frozen=True)
-class _Planned:
-    """What one row of a session that lost messages must be, and which message decides it."""
-
-    row_id: int
-    source: str
-    seq: int | None
-    lost: str
-    want: dict[str, Any] | None  # the values, when the truth or the snapshot says them
-    message: dict[str, Any] | None  # the deciding update, checked by digest
-
-
-def _plans(
-    messages: pd.DataFrame,
-    snapshots: pd.DataFrame,
-    sessions: frozenset[str] | set[str],
-    truth_rows: dict[str, dict[int, dict[str, Any]]],
-) -> dict[str, list[_Planned]]:
-    """Per session that lost messages, every row any of its messages touched, as ``expected_rows`` decides."""
-    if not sessions:
-        return {}
-    mine = messages[messages["session"].isin(sessions)]
-    snaps = snapshots[snapshots["session"].astype(str).isin(sessions)] if not snapshots.empty else snapshots
-    rows = expected_rows(mine, snaps)
-    carried = (
-        {
-            (str(s), int(i)): json.loads(v)
-            for s, i, v in zip(snaps["session"], snaps["id"], snaps["values"], strict=True)
-        }
-        if not snaps.empty
-        else {}
-    )
-    by_seq = {(str(m["session"]), int(m["seq"])): m for m in records(mine)}
-    plans: dict[str, list[_Planned]] = {}
-    for r in records(rows):
-        session, row_id, source = str(r["session"]), int(r["row_id"]), str(r["source"])
-        seq = None if pd.isna(r["seq"]) else int(r["seq"])
-        want = message = None
-        if source == FROM_TRUTH:
-            want = truth_rows.get(session, {}).get(row_id)
-            source = ABSENT if want is None else FROM_TRUTH
-        elif source == FROM_SNAPSHOT:
-            want = carried.get((session, row_id))
-        elif source == FROM_MESSAGE and seq is not None:
-            message = by_seq.get((session, seq))
-        lost = str(r["lost"]) if isinstance(r["lost"], str) else ""
-        plans.setdefault(session, []).append(_Planned(row_id, source, seq, lost, want, message))
-    return plans
-
-
-def _compare_plan(
-    plan: list[_Planned], got: pd.DataFrame, counts: Counter[str]
-) -> list[tuple[str, str, int | None]]:
-    """The differences between the rows a session's delivered messages build and the rows written for it."""
-    problems: list[tuple[str, str, int | None]] = []
-    seen: dict[int, dict[str, Any]] = {}
-    for row_id, row in zip(got["row_id"], got["row"], strict=True):
-        if int(row_id) in seen:
-            counts["repeated"] += 1
-            problems.append(("repeated_row", f"row {row_id} written more than once", None))
-            continue
-        seen[int(row_id)] = row
-    planned = {p.row_id: p for p in plan}
-    for p in plan:
-        mine = seen.get(p.row_id)
-        why = f"seq {p.seq} set it" if p.seq is not None else "no message that reached the broker touched it"
-        later = f"; seq {p.lost}, which touched it later, never reached the broker" if p.lost else ""
-        if p.source == ABSENT:
-            if mine is not None:
-                counts["extra"] += 1
-                detail = f"row {p.row_id} should not exist ({why}{later}): {_json(mine)}"
-                problems.append(("extra_row", detail, p.seq))
-            continue
-        counts["expected"] += 1
-        if mine is None:
-            counts["missing"] += 1
-            problems.append(("missing_row", f"row {p.row_id} missing ({why}{later})", p.seq))
-            continue
-        counts["checked"] += 1
-        if p.message is not None:
-            if not carries(p.message, "upsert", p.row_id, mine):
-                counts["wrong"] += 1
-                detail = f"row {p.row_id} is {_json(mine)}, not what seq {p.seq} set it to{later}"
-                problems.append(("wrong_row", detail, p.seq))
-        elif p.want is not None and not same_row(mine, p.want):
-            counts["wrong"] += 1
-            detail = f"row {p.row_id} is {_json(mine)}, expected {_json(p.want)} ({why}{later})"
-            problems.append(("wrong_row", detail, p.seq))
-    for row_id in sorted(set(seen) - set(planned)):
-        counts["extra"] += 1
-        problems.append(
-            (
-                "extra_row",
-                f"row {row_id} should not exist (no message touched it): {_json(seen[row_id])}",
-                None,
-            )
-        )
-    return problems
-
-
 def _truth_keys(ledger: pd.DataFrame, truth_sessions: pd.DataFrame, key: str) -> dict[str, str]:
     """``{table key: the session whose truth it must hold}``: each session, or each sensor's last session."""
     sessions = sorted({str(s) for s in ledger["session"]})
@@ -380,40 +394,6 @@ def _truth_keys(ledger: pd.DataFrame, truth_sessions: pd.DataFrame, key: str) ->
         if current is None or started.get(str(session), 0) >= started.get(current, 0):
             last[str(sensor)] = str(session)
     return last
-
-
-def _compare(
-    want: dict[int, dict[str, Any]], got: pd.DataFrame, counts: Counter[str]
-) -> list[tuple[str, str]]:
-    """The differences between one true table and the rows written for it, with ``counts`` updated."""
-    problems: list[tuple[str, str]] = []
-    seen: dict[int, dict[str, Any]] = {}
-    for row_id, row in zip(got["row_id"], got["row"], strict=True):
-        if int(row_id) in seen:
-            counts["repeated"] += 1
-            problems.append(("repeated_row", f"row {row_id} written more than once"))
-            continue
-        seen[int(row_id)] = row
-    for row_id, row in sorted(want.items()):
-        mine = seen.get(row_id)
-        if mine is None:
-            counts["missing"] += 1
-            problems.append(("missing_row", f"row {row_id} missing, expected {_json(row)}"))
-            continue
-        counts["checked"] += 1
-        if not same_row(mine, row):
-            counts["wrong"] += 1
-            problems.append(("wrong_row", f"row {row_id} is {_json(mine)}, expected {_json(row)}"))
-    for row_id in sorted(set(seen) - set(want)):
-        counts["extra"] += 1
-        problems.append(
-            ("extra_row", f"row {row_id} should not exist (deleted or never written): {_json(seen[row_id])}")
-        )
-    return problems
-
-
-def _json(row: dict[str, Any]) -> str:
-    return json.dumps(row, sort_keys=True, separators=(",", ":"), default=str)
 
 
 # --------------------------------------------------------------------------------------------- latency

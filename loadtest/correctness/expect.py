@@ -38,16 +38,20 @@ unknown to the pipeline), and the seq they replaced is missing like a gap.
 from __future__ import annotations
 
 import logging
+import math
 from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pyarrow as pa
 import pyarrow.dataset as ds
 
-from loadtest.correctness.policies import SESSION_LEVEL, Arrival, Event, Outcome, Policy
+from loadtest.correctness.brokerloss import beyond_end, overwritten, partition_lives
+from loadtest.correctness.delivery import acknowledged, kafka_positions, unknown, unknown_variants
+from loadtest.correctness.policies import SESSION_LEVEL, Arrival, Event, Outcome, Policy, Strict
 from loadtest.errors import HarnessError
 
 log = logging.getLogger(__name__)
@@ -76,6 +80,13 @@ class SessionExpectation:
     cut_short: bool = False
     #: Seqs delivered after their partition's offsets started again lower: the broker had lost data by then.
     after_reset: frozenset[int] = frozenset()
+    #: The rows of the true table (what an ``end`` message carried), when the truth says.
+    truth_rows: int | None = None
+    #: Under ``strict``, the violations a job may name as the one that stopped it at ``stop_at``.
+    stop_events: frozenset[Event] = frozenset()
+    #: A session a strict stop cut short: ``applied_min`` as it was before the stop relaxed it. Its changes
+    #: must be a prefix of these (every seq below the highest it wrote), and all of them once it closed.
+    before_stop: dict[int, int] | None = None
 
     @property
     def must_be_present(self) -> bool:
@@ -98,6 +109,8 @@ class Expectation:
     snapshots: pd.DataFrame = field(default_factory=pd.DataFrame)
     #: Acknowledged copies the broker gave away (``overwritten``), with ``restart``: where their offsets began again.
     overwritten: pd.DataFrame = field(default_factory=pd.DataFrame)
+    #: Each session's highest seq in the ledger: no violation can name a seq above it.
+    top_seqs: dict[str, int] = field(default_factory=dict)
 
 
 # --------------------------------------------------------------------------------------------------- reading
@@ -198,6 +211,12 @@ def read_truth(run_dir: Path, sensors: Collection[str] | None = None) -> pd.Data
 # --------------------------------------------------------------------------------------------- expectations
 
 
+def _opt_int(value: object) -> int | None:
+    if isinstance(value, int | float) and not (isinstance(value, float) and math.isnan(value)):
+        return int(value)
+    return None
+
+
 def _replays(policy: Policy, arrivals: Sequence[Arrival], end_seq: int | None) -> list[Outcome]:
     """Every reading of the policy the specification allows, each replayed once."""
     outcomes = policy.model.readings(arrivals, end_seq)
@@ -208,6 +227,8 @@ def _replays(policy: Policy, arrivals: Sequence[Arrival], end_seq: int | None) -
 
 def _statuses(policy: Policy, out: Outcome, exact: bool) -> set[str]:
     """The session statuses this replay allows."""
+    if out.stop_at is not None and out.closed_by == "end":
+        return {"absent"} | policy.model.statuses_at_end(out, exact)  # closed before a late copy stopped it
     if out.stop_at is not None:
         return {"absent", "failed"}
     waits = set() if policy.timeouts_expire or not out.via_timeout else {"absent"}
@@ -232,74 +253,6 @@ def _session_events(policy: Policy, out: Outcome, exact: bool) -> tuple[set[Even
     return required, allowed | required
 
 
-def partition_lives(ledger: pd.DataFrame) -> pd.Series:
-    """Each delivered copy's ``life`` in its partition: how many times its offsets had started again lower.
-
-    A partition's offsets start again from a lower number when the broker lost what it had acknowledged (its
-    data wiped, a topic recreated, an out-of-sync replica elected leader): what was acknowledged after such
-    a reset comes after everything before it, although its offsets are lower. Acknowledgements of one
-    partition arrive in offset order, so in acknowledgement order an offset below one already seen marks the
-    reset. Counted over every session's copies of the partition, so a session that began after the reset is
-    in the later life too. NaN for copies without an offset.
-    """
-    copies = ledger[ledger["delivered"].fillna(False).astype(bool) & ledger["offset"].notna()]
-    if copies.empty:
-        return pd.Series(index=ledger.index, dtype="float64")
-    order = (
-        ["topic", "partition", "acked_ts", "offset"]
-        if "acked_ts" in copies
-        else ["topic", "partition", "offset"]
-    )
-    acked = copies.sort_values(order)
-    keys = [acked["topic"], acked["partition"]]
-    # Each step down starts a life; a running maximum would count every copy after the first step as one.
-    previous = acked.groupby(keys)["offset"].shift()
-    life = (acked["offset"] < previous).astype(int).groupby(keys).cumsum()
-    return life.reindex(ledger.index).astype("float64")
-
-
-def overwritten(ledger: pd.DataFrame, lives: pd.Series) -> pd.DataFrame:
-    """Acknowledged copies the broker no longer has: at or above an offset its partition later started again at.
-
-    When a partition's offsets start again lower (``partition_lives``: its data wiped, an out-of-sync
-    replica elected leader), the records acknowledged before at the offsets it numbers anew are gone from the
-    broker, whether or not a consumer read them first. The frame is those copies (the ledger's columns) with
-    ``restart``, the lowest offset a later life of their partition began at.
-    """
-    copies = ledger.assign(life=lives)[lives.notna()]
-    if copies.empty or int(copies["life"].max()) == 0:
-        return ledger.iloc[0:0].assign(restart=pd.Series(dtype="int64"))
-    keys = ["topic", "partition"]
-    starts = copies.groupby([*keys, "life"])["offset"].min().reset_index()
-    later = []
-    for (topic, partition), lives_of in starts.groupby(keys):
-        ordered = lives_of.sort_values("life")
-        # The lowest start of any later life: a copy at or above it was numbered anew.
-        after = ordered["offset"][::-1].cummin()[::-1].shift(-1)
-        later.append(
-            pd.DataFrame({"topic": topic, "partition": partition, "life": ordered["life"], "restart": after})
-        )
-    bounds = pd.concat(later, ignore_index=True).dropna(subset=["restart"])
-    merged = copies.reset_index().merge(bounds, on=[*keys, "life"])
-    lost = merged[merged["offset"] >= merged["restart"]].set_index("index")
-    return lost.drop(columns="life").assign(restart=lost["restart"].astype("int64"))
-
-
-def beyond_end(ledger: pd.DataFrame, ends: Mapping[tuple[str, int], int]) -> pd.DataFrame:
-    """Acknowledged copies at or past where their partition ends now: the broker no longer has them.
-
-    After an unclean election or a wiped log, what the broker lost shows in the ledger alone only once new
-    records are numbered over it (``overwritten``); a run that ends first (a strict pipeline stops at once,
-    and the load with it) leaves the partition ending below offsets it acknowledged. The frame is those
-    copies with ``restart``: where the partition ends, and ``seen`` = ``"end"``.
-    """
-    copies = ledger[ledger["delivered"].fillna(False).astype(bool) & ledger["offset"].notna()]
-    keys = list(zip(copies["topic"], copies["partition"].astype("int64"), strict=True))
-    end = pd.Series([ends.get(k, -1) for k in keys], index=copies.index, dtype="int64")
-    lost = copies[(end >= 0) & (copies["offset"] >= end)]
-    return lost.assign(restart=end[lost.index], seen="end")
-
-
 def with_partition_ends(exp: Expectation, ends: Mapping[tuple[str, int], int]) -> Expectation:
     """``exp`` with the copies ``beyond_end`` finds added to what the broker gave away."""
     from dataclasses import replace
@@ -312,42 +265,62 @@ def with_partition_ends(exp: Expectation, ends: Mapping[tuple[str, int], int]) -
     return replace(exp, overwritten=pd.concat([known, found]) if not known.empty else found)
 
 
-def reissued(ledger: pd.DataFrame, lives: pd.Series) -> pd.Series:
-    """Whether each copy was acknowledged at an offset its partition had given out before, in an earlier life.
+#: Columns ``kafka_order`` adds to the ledger's copies.
+ORDER_COLUMNS = ["position", "life", "acked", "maybe"]
 
-    After an unclean election the new leader numbers new records over offsets the old one had acknowledged;
-    a reader already past them never sees the new records there, through no fault of its own.
+
+def kafka_order(ledger: pd.DataFrame) -> pd.DataFrame:
+    """The ledger with where each sent copy sits in Kafka, computed once for all sessions.
+
+    ``position`` (``delivery.kafka_positions``), ``life`` (``partition_lives``; a copy without an offset shares
+    the life of the copy produced before it), ``acked`` (acknowledged, with an offset or without) and ``maybe``
+    (of unknown outcome); NaN and False for a copy never sent.
     """
-    copies = ledger.assign(life=lives)[lives.notna()]
-    out = pd.Series(False, index=ledger.index)
-    if copies.empty or int(copies["life"].max()) == 0:
-        return out
-    keys = ["topic", "partition"]
-    highest = copies.groupby([*keys, "life"])["offset"].max().reset_index()
-    # The highest offset of any earlier life of the partition.
-    highest["before"] = highest.groupby(keys)["offset"].cummax().groupby([highest[k] for k in keys]).shift()
-    merged = copies.reset_index().merge(highest[[*keys, "life", "before"]], on=[*keys, "life"])
-    hit = merged.loc[merged["offset"] <= merged["before"], "index"]
-    out.loc[hit] = True
-    return out
+    sent = ledger[ledger["sent_ts"].notna() | acknowledged(ledger)]
+    lives = partition_lives(ledger)
+    order = sent.assign(position=kafka_positions(sent), life=lives.loc[sent.index])
+    order = order.sort_values(["topic", "partition", "position"], kind="stable")
+    order["life"] = order.groupby(["topic", "partition"])["life"].ffill().fillna(0.0)
+    extra = pd.DataFrame(
+        {
+            "position": order["position"].reindex(ledger.index),
+            "life": order["life"].reindex(ledger.index),
+            "acked": ledger.index.isin(order.index[acknowledged(order)]),
+            "maybe": ledger.index.isin(order.index[unknown(order)]),
+        },
+        index=ledger.index,
+    )
+    return ledger.drop(columns=[c for c in ORDER_COLUMNS if c in ledger]).join(extra)
 
 
-def _arrivals(rows: pd.DataFrame) -> tuple[list[Arrival], frozenset[int]]:
-    """The session's intact delivered copies in Kafka order, and the seqs delivered after a reset.
+def _arrivals(rows: pd.DataFrame, present: Collection[Any] = ()) -> tuple[list[Arrival], frozenset[int]]:
+    """The session's intact copies the broker holds, in Kafka order, and the seqs delivered after a reset.
 
-    Kafka order is ``(partition, life, offset)``; a seq is delivered after a reset when a copy of it was
+    The copies are the acknowledged ones (with an offset or without one) and, of those whose outcome is unknown
+    (``loadtest.correctness.delivery``), the ones ``present`` names by ledger index. Kafka order is
+    ``(partition, life, position)`` (``kafka_order``); a seq is delivered after a reset when a copy of it was
     acknowledged after its partition's offsets started again lower (``partition_lives``). ``rows`` carry
-    ``life`` when the whole ledger's was counted; without it, it is counted from the session's own copies.
+    ``kafka_order``'s columns when the whole ledger's were computed; without them, they are computed from the
+    session's own copies.
     """
-    copies = rows[rows["delivered"].fillna(False).astype(bool) & rows["offset"].notna()]
-    if "life" not in copies:
-        copies = copies.assign(life=partition_lives(copies))
-    intact = copies[copies["fault"] != "malformed"].sort_values(["partition", "life", "offset"])
+    if not set(ORDER_COLUMNS) <= set(rows.columns):
+        rows = kafka_order(rows)
+    copies = rows[rows["acked"] | (rows["maybe"] & rows.index.isin(list(present)))]
+    intact = copies[copies["fault"] != "malformed"].sort_values(
+        ["partition", "life", "position"], kind="stable"
+    )
     arrivals = [
         (int(s), str(k), int(t))
         for s, k, t in zip(intact["seq"], intact["kind"], intact["intended_ts"], strict=True)
     ]
     return arrivals, frozenset(int(s) for s in copies.loc[copies["life"] > 0, "seq"])
+
+
+def strict_stop_at(rows: pd.DataFrame) -> int | None:
+    """The seq of the copy at which ``strict`` must stop a session's query (its acknowledged copies); or None."""
+    arrivals, _ = _arrivals(rows)
+    (out,) = Strict(Policy("strict")).readings(arrivals, None)
+    return out.stop_at
 
 
 def expect_session(
@@ -364,43 +337,50 @@ def expect_session(
     table_seqs = frozenset(int(s) for s in rows.loc[rows["kind"] != "end", "seq"].unique())
     ends = rows.loc[rows["kind"] == "end", "seq"]
     end_seq = int(ends.iloc[0]) if len(ends) else None
-    arrivals, after_reset = _arrivals(rows)
     truth = truth or {}
     digest = truth.get("digest")
     updates = tuple(sorted(int(s) for s in rows.loc[rows["kind"] == "update", "seq"].unique()))
     readings = []
-    for out in _replays(policy, arrivals, end_seq):
-        exact = policy.model.exact(out, table_seqs)
-        required, allowed = _session_events(policy, out, exact)
-        seqs = set(out.applied) | out.optional_applied
-        readings.append(
-            SessionExpectation(
-                session=str(first["session"]),
-                sensor=str(first["sensor"]),
-                topic=str(first["topic"]),
-                truth_status=str(truth.get("status", "unknown")),
-                truth_digest=str(digest) if digest is not None else None,
-                statuses=frozenset(_statuses(policy, out, exact) if arrivals else {"absent"}),
-                closed_by=frozenset({out.closed_by or "timeout"}),
-                exact=exact and bool(arrivals) and digest is not None,
-                degraded_from=frozenset({out.degraded_from} if out.degraded_from is not None else ()),
-                applied_min={s: 0 if s in out.optional_applied else out.applied.get(s, 0) for s in seqs},
-                applied_max={
-                    s: max(1, out.applied.get(s, 0)) if s in out.optional_applied else out.applied[s]
-                    for s in seqs
-                },
-                events_required=frozenset(required),
-                events_allowed=frozenset(allowed),
-                update_seqs=updates,
-                stop_at=out.stop_at,
-                after_reset=after_reset,
+    for present in unknown_variants(rows):
+        arrivals, after_reset = _arrivals(rows, present)
+        for out in _replays(policy, arrivals, end_seq):
+            exact = policy.model.exact(out, table_seqs)
+            required, allowed = _session_events(policy, out, exact)
+            seqs = set(out.applied) | out.optional_applied
+            readings.append(
+                SessionExpectation(
+                    session=str(first["session"]),
+                    sensor=str(first["sensor"]),
+                    topic=str(first["topic"]),
+                    truth_status=str(truth.get("status", "unknown")),
+                    truth_digest=str(digest) if digest is not None else None,
+                    statuses=frozenset(_statuses(policy, out, exact) if arrivals else {"absent"}),
+                    closed_by=frozenset({out.closed_by or "timeout"}),
+                    exact=exact and bool(arrivals) and digest is not None,
+                    degraded_from=frozenset({out.degraded_from} if out.degraded_from is not None else ()),
+                    applied_min={s: 0 if s in out.optional_applied else out.applied.get(s, 0) for s in seqs},
+                    applied_max={
+                        s: max(1, out.applied.get(s, 0)) if s in out.optional_applied else out.applied[s]
+                        for s in seqs
+                    },
+                    events_required=frozenset(required),
+                    events_allowed=frozenset(allowed),
+                    update_seqs=updates,
+                    stop_at=out.stop_at,
+                    after_reset=after_reset,
+                    truth_rows=_opt_int(truth.get("rows")),
+                    stop_events=frozenset(out.stop_events),
+                )
             )
-        )
     return tuple(readings)
 
 
 def _relax_for_stop(exp: SessionExpectation) -> SessionExpectation:
-    """Under ``strict`` once the query must stop, nothing more is required, only forbidden things stay."""
+    """Under ``strict`` once the query must stop, each session may stop short: a prefix of its changes.
+
+    Nothing more is required of a session that has not closed than a prefix (``before_stop``); forbidden
+    things stay forbidden.
+    """
     from dataclasses import replace
 
     return replace(
@@ -408,6 +388,7 @@ def _relax_for_stop(exp: SessionExpectation) -> SessionExpectation:
         statuses=exp.statuses | {"absent"},
         closed_by=exp.closed_by | {"end", "timeout"} if exp.stop_at is None else exp.closed_by,
         applied_min={s: 0 for s in exp.applied_min},
+        before_stop=dict(exp.applied_min),
         events_required=frozenset(),
         events_allowed=exp.events_allowed | {("timeout", SESSION_LEVEL)},
         cut_short=True,
@@ -460,16 +441,15 @@ def build_expectation(
     truth_by_session: dict[str, dict[str, object]] = {}
     for record in truth.to_dict("records") if not truth.empty else []:
         truth_by_session[str(record["session"])] = {str(k): v for k, v in record.items()}
+    ordered = kafka_order(ledger)
     sessions = {
-        str(name): expect_session(
-            policy, rows.assign(life=lives.loc[rows.index]), truth_by_session.get(str(name))
-        )
-        for name, rows in ledger.groupby("session", sort=True)
+        str(name): expect_session(policy, rows, truth_by_session.get(str(name)))
+        for name, rows in ordered.groupby("session", sort=True)
     }
     must_stop = any(e.stop_at is not None for readings in sessions.values() for e in readings)
     if must_stop or stops_elsewhere:
         sessions = {name: tuple(_relax_for_stop(e) for e in readings) for name, readings in sessions.items()}
-    delivered = ledger["delivered"].fillna(False).astype(bool) & ledger["offset"].notna()
+    delivered = acknowledged(ledger)
     malformed = ledger[delivered & (ledger["fault"] == "malformed")]
     lost = ledger[~delivered & ~ledger["fault"].isin(["gap", "abandoned"])]
     meant = ledger[ledger["fault"] != "duplicate"]
@@ -493,4 +473,5 @@ def build_expectation(
         must_stop,
         snapshots if snapshots is not None else pd.DataFrame(),
         overwritten(ledger, lives),
+        {str(k): int(v) for k, v in ledger.groupby("session")["seq"].max().items()},
     )

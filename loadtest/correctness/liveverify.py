@@ -29,10 +29,10 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.dataset as ds
 
-from loadtest.correctness.checks import FAULT_OF_VIOLATION
 from loadtest.correctness.expect import build_expectation, simulator_dirs
 from loadtest.correctness.output import PipelineOutput
 from loadtest.correctness.policies import Policy
+from loadtest.correctness.tally import FAULT_OF_VIOLATION
 from loadtest.correctness.triage import Triager
 from loadtest.correctness.verify import verify
 from loadtest.reports.results import Correctness
@@ -436,7 +436,8 @@ class LiveVerifier:
             if not ledger.empty:
                 expectation = build_expectation(self.policy, ledger, truth)
                 with Triager(ledger, self.kafka) as triager:
-                    self.totals.add(verify(expectation, output, triager))
+                    # A strict stop is judged over the whole run, at its end.
+                    self.totals.add(verify(expectation, output, triager, judge_the_stop=False))
             self._forget(ready)
         return self.totals
 

@@ -8,11 +8,12 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from loadtest.correctness.delta import is_delta_table, read_table, transaction_times
@@ -92,25 +93,52 @@ def read_dataset(
 
 
 def read_output(
-    root: Path, fmt: str = "auto", where: Mapping[str, ds.Expression] | None = None
+    root: Path,
+    fmt: str = "auto",
+    where: Mapping[str, ds.Expression] | None = None,
+    topic_prefix: str | None = None,
 ) -> PipelineOutput:
     """Read the four datasets and the commit times of an output root (see docs/pipeline-outputs.md).
 
     ``fmt`` ``parquet`` reads sotw's Parquet layout (only batches with a ``_commits`` marker), ``delta``
     four Delta tables (every committed version; a batch is dated by the commit that recorded its ``txn``),
     ``auto`` whichever is on disk. ``where`` maps a dataset's name to a filter of its rows (the Parquet layout
-    only): ``loadtest.correctness.shards`` reads a few sensors at a time.
+    only): ``loadtest.correctness.shards`` reads a few sensors at a time. ``topic_prefix`` keeps only the
+    rows of topics starting with it: one run's, of an output several runs wrote.
     """
     if OutputSpec(root, "full", fmt).resolved_format() == "delta":
         if where is not None:
             raise ValueError(f"{root} is Delta: read_output filters only the Parquet layout")
-        return _read_delta_output(root)
+        return of_topics(_read_delta_output(root), topic_prefix)
     commits = read_commits(root)
+    filters = dict(where or {})
+    if topic_prefix is not None:
+        mine = pc.starts_with(ds.field("topic"), pattern=topic_prefix)
+        filters = {name: mine & filters[name] if name in filters else mine for name in _PARTITIONS}
     frames = {
-        name: read_dataset(root / name, parts, commits, (where or {}).get(name))
+        name: read_dataset(root / name, parts, commits, filters.get(name))
         for name, parts in _PARTITIONS.items()
     }
     return PipelineOutput(commits=commits, **frames)
+
+
+def of_topics(output: PipelineOutput, prefix: str | None) -> PipelineOutput:
+    """The rows of ``output`` about topics starting with ``prefix`` (all of them when None)."""
+    if prefix is None:
+        return output
+
+    def mine(frame: pd.DataFrame) -> pd.DataFrame:
+        if frame.empty or "topic" not in frame:
+            return frame
+        return frame[frame["topic"].astype(str).str.startswith(prefix)].reset_index(drop=True)
+
+    return replace(
+        output,
+        changes=mine(output.changes),
+        sessions=mine(output.sessions),
+        integrity=mine(output.integrity),
+        dead_letters=mine(output.dead_letters),
+    )
 
 
 def read_changes(

@@ -50,6 +50,9 @@ class OutputSpec:
     ignored
         Columns of a tables-contract output that are not the rows' (``--ignore-column``), besides the ones
         the contract knows and those starting with ``_``.
+    topic_prefix
+        Full contract: only the rows of topics starting with it are the run's (a pipeline a Locust session
+        keeps running writes every run of the session into one output).
     """
 
     path: Path
@@ -57,6 +60,7 @@ class OutputSpec:
     format: str = "auto"
     seen: Path | None = None
     ignored: tuple[str, ...] = ()
+    topic_prefix: str | None = None
 
     def __post_init__(self) -> None:
         if self.contract not in CONTRACTS:

@@ -37,6 +37,8 @@ class Outcome:
     exact: bool = False
     clean: bool = True
     stop_at: int | None = None
+    #: Under ``strict``, the violations a job may name as the one that stopped it at ``stop_at``.
+    stop_events: set[Event] = field(default_factory=set)
 
     def late(self, seq: int) -> None:
         """A copy that came after the session closed: reported as late or as a duplicate, never applied."""
@@ -52,11 +54,21 @@ class Outcome:
 
 
 def _replay_ordered(arrivals: Sequence[Arrival], strict: bool) -> Outcome:
-    """``ordered``: in order, stale and repeated seqs dropped; ``strict`` stops at the first violation."""
+    """``ordered``: in order, stale and repeated seqs dropped; ``strict`` stops at the first violation.
+
+    A strict stop may be named in more than one way (``Outcome.stop_events``): a gap names every seq it
+    skipped, and a first message that is not the snapshot a missing snapshot; a seq below the next expected
+    is a duplicate or a reorder (the job cannot tell them apart without remembering every seq); a copy after
+    the session closed is late or a duplicate.
+    """
     out, expected, seen = Outcome(), 0, set[int]()
     for seq, kind, _ts in arrivals:
         if out.closed_by is not None:
             out.late(seq)
+            if strict:
+                out.stop_at, out.clean = seq, False
+                out.stop_events = {("late_after_close", seq), ("duplicate", seq)}
+                return out
             continue
         violation: Event | None = None
         if seq < expected:
@@ -65,7 +77,13 @@ def _replay_ordered(arrivals: Sequence[Arrival], strict: bool) -> Outcome:
             violation = ("gap", expected)
         if violation is not None and strict:
             out.stop_at, out.clean = seq, False
-            out.optional_events.add(violation)
+            if seq > expected:
+                out.stop_events = {("gap", m) for m in range(expected, seq)}
+                if expected == 0:
+                    out.stop_events.add(("missing_snapshot", SESSION_LEVEL))
+            else:
+                out.stop_events = {("duplicate", seq), ("reorder", seq)}
+            out.optional_events |= out.stop_events
             return out
         if seq < expected:
             out.events.add(violation)  # type: ignore[arg-type]
@@ -128,7 +146,7 @@ def _replay_window(arrivals: Sequence[Arrival], policy: Policy, flush_at_end: bo
     waiting ``end`` gives up every hole at once; otherwise they wait until the timeout flushes them.
     """
     out, buffer, seen = Outcome(), dict[int, tuple[str, int]](), set[int]()
-    expected, newest = 0, None
+    expected, newest, highest = 0, None, -1
 
     def release() -> None:
         nonlocal expected
@@ -165,6 +183,11 @@ def _replay_window(arrivals: Sequence[Arrival], policy: Policy, flush_at_end: bo
         if seq < expected:
             out.events.add(("duplicate" if seq in seen else "reorder", seq))
             continue
+        if seq < highest:
+            out.optional_events.add(
+                ("reorder", seq)
+            )  # came after a higher seq, within the window: may be said
+        highest = max(highest, seq)
         if seq in buffer:
             out.events.add(("duplicate", seq))
             continue

@@ -19,9 +19,9 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.dataset as ds
 
-from loadtest.correctness.checks import ratio
 from loadtest.correctness.expect import is_in, parquet_dataset, simulator_dirs
 from loadtest.correctness.output import PipelineOutput
+from loadtest.correctness.tally import ratio
 from loadtest.reports.results import Correctness, Discrepancy, FaultScore
 
 #: Ledger rows verified at once by default: about 5 GB at the verifier's ~2 KB a message.
@@ -41,6 +41,7 @@ COUNTS = (
     "rows_values_checked",
     "malformed_sent",
     "malformed_quarantined",
+    "sessions_judged",
 )
 
 
@@ -56,14 +57,21 @@ class Shard:
     rows: int
     first: int
     last: int
+    #: The sessions of those sensors, from the ledger.
+    sessions: frozenset[str] = frozenset()
 
     def named(self) -> str:
         """``sensor 3`` or ``sensors 3-5``."""
         return f"sensor {self.first}" if self.first == self.last else f"sensors {self.first}-{self.last}"
 
     def where(self) -> dict[str, ds.Expression]:
-        """The filter of each output dataset (``read_output``) that keeps this shard's rows."""
-        mine = is_in("sensor", self.sensors)
+        """The filter of each output dataset (``read_output``) that keeps this shard's rows.
+
+        A row is this shard's when it is filed under one of its sensors and names one of that sensor's
+        sessions; a row filed under the wrong sensor, or naming no session the ledger has there, is found
+        by ``outside`` and goes to its own session's shard, or to none.
+        """
+        mine = is_in("sensor", self.sensors) & is_in("session", self.sessions)
         return {
             "changes": mine,
             "sessions": mine,
@@ -71,12 +79,24 @@ class Shard:
             "dead_letters": is_in("topic", self.topics),
         }
 
+    def misfiled(self) -> ds.Expression:
+        """Rows filed under this shard's sensors that name no session of theirs (or none)."""
+        return is_in("sensor", self.sensors) & (
+            ~is_in("session", self.sessions) | ds.field("session").is_null()
+        )
+
 
 def outside(shards: Sequence[Shard]) -> dict[str, ds.Expression]:
-    """The filter of each output dataset that keeps the rows of no shard: no sensor of the ledger, or none."""
+    """The filter of each output dataset that keeps the rows of no shard.
+
+    Those filed under no sensor of the ledger (or none), and those filed under a sensor that name none of its
+    sessions: another sensor's session (a row misfiled) or a session the ledger never had.
+    """
     sensors = [s for shard in shards for s in shard.sensors]
     topics = [t for shard in shards for t in shard.topics]
     stray = ~is_in("sensor", sensors) | ds.field("sensor").is_null()
+    for shard in shards:
+        stray = stray | shard.misfiled()
     unknown_topic = ~is_in("topic", topics) | ds.field("topic").is_null()
     return {"changes": stray, "sessions": stray, "integrity": stray, "dead_letters": unknown_topic}
 
@@ -129,15 +149,19 @@ def plan_shards(run_dir: Path, shard_rows: int = SHARD_ROWS) -> list[Shard]:
         return []
     rows: Counter[str] = Counter()
     topics: dict[str, set[str]] = defaultdict(set)
+    sessions: dict[str, set[str]] = defaultdict(set)
     for dataset in datasets:
-        for batch in dataset.to_batches(columns=["sensor", "topic"]):
+        for batch in dataset.to_batches(columns=["sensor", "topic", "session"]):
             counted = (
-                pa.Table.from_batches([batch]).group_by(["sensor", "topic"]).aggregate([([], "count_all")])
+                pa.Table.from_batches([batch])
+                .group_by(["sensor", "topic", "session"])
+                .aggregate([([], "count_all")])
             )
-            sensors, topics_, ns = (counted[c].to_pylist() for c in ("sensor", "topic", "count_all"))
-            for sensor, topic, n in zip(sensors, topics_, ns, strict=True):
+            columns = (counted[c].to_pylist() for c in ("sensor", "topic", "session", "count_all"))
+            for sensor, topic, session, n in zip(*columns, strict=True):
                 rows[sensor] += n
                 topics[sensor].add(topic)
+                sessions[sensor].add(session)
     groups: list[list[str]] = []
     for sensor in sorted(rows):
         if not groups or sum(rows[s] for s in groups[-1]) + rows[sensor] > shard_rows:
@@ -147,7 +171,14 @@ def plan_shards(run_dir: Path, shard_rows: int = SHARD_ROWS) -> list[Shard]:
     for group in groups:
         mine = sorted({t for s in group for t in topics[s]})
         shards.append(
-            Shard(tuple(group), tuple(mine), sum(rows[s] for s in group), first, first + len(group) - 1)
+            Shard(
+                tuple(group),
+                tuple(mine),
+                sum(rows[s] for s in group),
+                first,
+                first + len(group) - 1,
+                frozenset(x for s in group for x in sessions[s]),
+            )
         )
         first += len(group)
     return shards
@@ -161,11 +192,13 @@ def merge(parts: Sequence[Correctness], injected: Mapping[str, int]) -> Correctn
     discrepancies are put together, and what is counted from them (``summarise``) is counted again. Only the
     order of damage windows and discrepancies differs: shard after shard.
     """
-    discrepancies = _one_stop([d for p in parts for d in p.discrepancies])
+    discrepancies = [d for p in parts for d in p.discrepancies]
     counts = {name: sum(getattr(p, name) for p in parts) for name in COUNTS}
     statuses: Counter[str] = Counter()
+    delivered: Counter[str] = Counter()
     for p in parts:
         statuses.update(p.statuses)
+        delivered.update(p.faults_delivered)
     return replace(
         parts[0],
         **counts,
@@ -173,6 +206,7 @@ def merge(parts: Sequence[Correctness], injected: Mapping[str, int]) -> Correctn
         exact_match_rate=ratio(counts["sessions_exact"], counts["sessions_exact_required"]),
         must_stop=any(p.must_stop for p in parts),
         statuses=dict(statuses),
+        faults_delivered=dict(delivered),
         faults=_merge_faults([f for p in parts for f in p.faults], injected),
         damage=[w for p in parts for w in p.damage],
         discrepancies=discrepancies,
@@ -224,16 +258,3 @@ def _merge_faults(scores: Iterable[FaultScore], injected: Mapping[str, int]) -> 
         )
     # score_faults lists the violation kinds by name; check_dead_letters adds malformed after them.
     return sorted(merged, key=lambda s: (s.kind == "malformed", s.kind))
-
-
-def _one_stop(discrepancies: list[Discrepancy]) -> list[Discrepancy]:
-    """Only the first ``did_not_stop``, as the whole run has it.
-
-    ``checks.check_stop`` names the first session (by name) that must stop the query; each shard that has one
-    names its own.
-    """
-    stops = [d for d in discrepancies if d.kind == "did_not_stop"]
-    if len(stops) < 2:
-        return discrepancies
-    first = min(stops, key=lambda d: d.session)
-    return [d for d in discrepancies if d.kind != "did_not_stop" or d is first]

@@ -50,8 +50,9 @@ def _read_parquet_with_files(root: Path) -> pd.DataFrame:
 class TablesOutput:
     """A tables-contract output, normalized: one row per live ``(key, row_id)`` as written.
 
-    ``rows`` has ``key`` (the session or sensor), ``row_id``, ``row`` (the row as a dict, ``id`` included),
-    ``seq`` and ``committed_ms`` where the output tells them (else NaN). ``key`` names what the table is
+    ``rows`` has ``key`` (the session or sensor), ``sensor`` (a session-keyed table's sensor column, else
+    None), ``row_id``, ``row`` (the row as a dict, ``id`` included), ``seq`` and ``committed_ms`` where the
+    output tells them (else NaN). ``key`` names what the table is
     keyed by; ``commit_source`` is a ``COMMIT_SOURCES`` key; ``ignored`` the columns that are not the rows'.
     """
 
@@ -74,7 +75,7 @@ def read_tables(spec: OutputSpec) -> TablesOutput:
         raw = read_table(spec.path, with_files=True) if is_delta_table(spec.path) else pd.DataFrame()
     else:
         raw = _read_parquet_with_files(spec.path)
-    empty = pd.DataFrame(columns=["key", "row_id", "row", SEQ, COMMITTED])
+    empty = pd.DataFrame(columns=["key", "sensor", "row_id", "row", SEQ, COMMITTED])
     if raw.empty:
         return TablesOutput(empty, "session", _commit_source(fmt, raw), spec.ignored)
     key = next((k for k in KEYS if k in raw.columns), None)
@@ -92,6 +93,9 @@ def read_tables(spec: OutputSpec) -> TablesOutput:
     rows = pd.DataFrame(
         {
             "key": raw[key].astype(str).to_numpy(),
+            "sensor": raw["sensor"].astype("string").to_numpy()
+            if key == "session" and "sensor" in raw
+            else None,
             "row_id": raw[row_id].astype("int64").to_numpy(),
             "row": [_row_of(r, int(i)) for r, i in zip(_plain_rows(raw), raw[row_id], strict=True)],
             SEQ: raw[SEQ].astype("float64").to_numpy() if SEQ in raw.columns else math.nan,

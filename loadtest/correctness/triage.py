@@ -18,7 +18,7 @@ from typing import Any
 import pandas as pd
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from loadtest.correctness.expect import partition_lives, reissued
+from loadtest.correctness.brokerloss import partition_lives, reissued
 from loadtest.reports.results import Discrepancy, Triage
 from sotw.errors import BrokerError
 from sotw.kafka import EndOffsets, KafkaConfig

@@ -18,6 +18,7 @@ import hashlib
 import math
 from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from loadtest.correctness.delivery import acknowledged, unknown
 from loadtest.correctness.expect import of_sensors, read_parquet_dir, simulator_dirs
 from simulator.native import Values
 from sotw import wire
@@ -73,17 +75,16 @@ def sent_messages(ledger: pd.DataFrame) -> pd.DataFrame:
     """One row per meant message (``session``, ``seq``) of a snapshot or an update, with what it carried.
 
     ``value_sha256`` is the digest of an intact copy that was sent (None if none was: a gap, or only a
-    malformed copy); ``delivered`` whether an intact copy reached the broker (acknowledged with an offset);
-    ``unknown`` whether a copy was sent and never acknowledged nor refused, so that the broker may have it or
-    not. ``row_id`` and ``op`` are NaN for snapshots and for a ledger that does not keep them.
+    malformed copy); ``delivered`` whether an intact copy reached the broker (acknowledged, with an offset or
+    without one); ``unknown`` whether an intact copy's outcome is unknown (``loadtest.correctness.delivery``),
+    so that the broker may have the message or not.
     """
     table = ledger[ledger["kind"] != "end"]
     keys = ["session", "seq"]
     intact = table["fault"] != "malformed"
     sent = table["sent_ts"].notna() & intact
-    delivered = table["delivered"].fillna(False).astype(bool) & table["offset"].notna() & intact
-    error = table["error"].astype("string") if "error" in table else pd.Series(pd.NA, index=table.index)
-    refused = error.notna() & ~error.fillna("").str.startswith(("not acknowledged", "Local: Message timed"))
+    delivered = acknowledged(table) & intact
+    maybe = unknown(table) & intact
     meant = table.drop_duplicates(keys)
     frame = pd.DataFrame(
         {
@@ -110,7 +111,7 @@ def sent_messages(ledger: pd.DataFrame) -> pd.DataFrame:
                 "session": table["session"].astype(str),
                 "seq": table["seq"].astype("int64"),
                 "delivered": delivered,
-                "unknown": sent & ~delivered & ~refused,
+                "unknown": maybe,
             }
         )
         .groupby(keys, sort=False)[["delivered", "unknown"]]
@@ -144,14 +145,16 @@ def row_texts(row: Mapping[str, Any]) -> Iterator[bytes]:
     A pipeline may keep a measurement as an integer (``21`` for ``21.0``); the simulator sends every column
     but ``id`` that is a number as a float.
     """
-    plain = {str(k): _plain(v) for k, v in sorted(row.items())}
-    yield wire.encode_row(plain)
+    written = {str(k): plain(v) for k, v in sorted(row.items())}
+    if any(isinstance(v, Decimal) for v in written.values()):
+        return  # a decimal no float writes as: no message carried it
+    yield wire.encode_row(written)
     floats = {
         k: float(v) if k != "id" and isinstance(v, int) and not isinstance(v, bool) else v
-        for k, v in plain.items()
+        for k, v in written.items()
     }
-    if floats != plain or any(
-        type(a) is not type(b) for a, b in zip(floats.values(), plain.values(), strict=True)
+    if floats != written or any(
+        type(a) is not type(b) for a, b in zip(floats.values(), written.values(), strict=True)
     ):
         yield wire.encode_row(floats)
 
@@ -200,8 +203,21 @@ def records(frame: pd.DataFrame) -> list[dict[str, Any]]:
     return [{str(k): v for k, v in r.items()} for r in frame.to_dict("records")]
 
 
-def _plain(value: Any) -> Any:
-    return value.item() if isinstance(value, np.generic) else value
+def plain(value: Any) -> Any:
+    """``value`` as the simulator would have sent it: a numpy scalar as Python's, an exact decimal as its float.
+
+    A job may keep a measurement as a ``DECIMAL``: it is the float it was written from when it holds the
+    float's shortest text (``Decimal("50.347")``) or its exact binary value (``Decimal(50.347)``), at any
+    scale; any other decimal (rounded, or with other digits) stays a ``Decimal``, which equals no float it is
+    compared with.
+    """
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, Decimal) and value.is_finite():
+        number = float(value)
+        # The float's shortest text (50.347) or its exact binary value (Decimal(50.347)), at any scale.
+        return number if value in (Decimal(repr(number)), Decimal(number)) else value
+    return value
 
 
 def _nan(value: Any) -> bool:
@@ -235,7 +251,10 @@ def check_changes(
     """
     if changes.empty:
         return [], 0
-    rows = changes[["session", "seq", "row_id", "op", "values"]].copy()
+    columns = ["session", "seq", "row_id", "op", "values"] + [
+        c for c in ("event_ms", "offset") if c in changes
+    ]
+    rows = changes[columns].copy()
     rows["session"] = rows["session"].astype(str)
     rows["seq"] = rows["seq"].astype("int64")
     rows["row_id"] = rows["row_id"].astype("int64")
@@ -245,26 +264,58 @@ def check_changes(
     findings: list[Finding] = []
     at_snapshot = joined["kind"] == "snapshot"
     findings += _check_updates(joined[~at_snapshot])
+    findings += _check_event_times(joined)
     if not snapshots.empty:
-        findings += _check_snapshots(joined[at_snapshot], snapshots, whole_snapshots)
+        findings += _check_snapshots(joined[at_snapshot], snapshots, whole_snapshots, rows)
     return findings, len(joined)
 
 
+def _check_event_times(rows: pd.DataFrame) -> list[Finding]:
+    """Each change row's ``event_ms`` is its message's ``ts`` (the ledger's ``intended_ts``)."""
+    if "event_ms" not in rows or rows.empty:
+        return []
+    wrong = rows[rows["event_ms"].astype("float64") != rows["intended_ts"].astype("float64")]
+    return [
+        Finding(
+            "wrong_value",
+            str(r["session"]),
+            int(r["seq"]),
+            int(r["row_id"]),
+            f"row {r['row_id']} of seq {r['seq']} has event_ms {r['event_ms']}; the message's ts was {r['intended_ts']}",
+        )
+        for r in records(wrong.drop_duplicates(["session", "seq"]))
+    ]
+
+
 def _check_updates(rows: pd.DataFrame) -> list[Finding]:
-    """Upserts and deletes against their messages: every digest at once, only mismatches one by one."""
+    """Upserts and deletes against their messages: every digest at once, only mismatches one by one.
+
+    A row must carry its message's op and row id as the ledger has them (when it has them): a digest is
+    rebuilt from the row's values, which name their id themselves, and an op the contract does not know is
+    hashed as an upsert's.
+    """
     if rows.empty:
         return []
     fits = update_digests(rows) == rows["value_sha256"].to_numpy(dtype="S64")
+    if "op_sent" in rows and "row_id_sent" in rows:
+        known = rows["op_sent"].notna().to_numpy()
+        same = (rows["op"] == rows["op_sent"]).to_numpy() & (rows["row_id"] == rows["row_id_sent"]).to_numpy()
+        fits &= ~known | same
     findings = []
     for r in records(rows[~fits]):
         op, row_id = str(r["op"]), int(r["row_id"])
+        sent = {**r, "op": r.get("op_sent"), "row_id": r.get("row_id_sent")}
         if op not in ("upsert", "delete"):
             detail = f"a {op} row for seq {r['seq']}, which was an update"
+        elif isinstance(sent["op"], str) and (op != sent["op"] or row_id != int(sent["row_id"])):
+            what = "deletes" if op == "delete" else "upserts"
+            detail = (
+                f"the row {what} row {row_id}, which is not what the message carried: {what_it_was(sent)}"
+            )
         elif carries(r, op, row_id, r["values"]):
             continue  # the same row, written another way (key order, an integer for a float)
         else:
             what = "deletes it" if op == "delete" else f"is {_short(r['values'])}"
-            sent = {**r, "op": r["op_sent"], "row_id": r["row_id_sent"]}
             detail = f"row {row_id} {what}, which is not what the message carried: {what_it_was(sent)}"
         findings.append(Finding("wrong_value", str(r["session"]), int(r["seq"]), row_id, detail))
     return findings
@@ -319,7 +370,16 @@ def update_digests(rows: pd.DataFrame) -> np.ndarray:
     return np.concatenate(out) if out else np.empty(0, dtype="S64")
 
 
-def _check_snapshots(rows: pd.DataFrame, snapshots: pd.DataFrame, whole: bool) -> list[Finding]:
+def _check_snapshots(
+    rows: pd.DataFrame, snapshots: pd.DataFrame, whole: bool, changes: pd.DataFrame
+) -> list[Finding]:
+    """Snapshot rows against the rows the snapshot carried; every carried row written, as the policy says.
+
+    With ``whole`` an applied snapshot writes every row it carried. Without (``once``), it skips a row a
+    later seq had set before the snapshot arrived: a skipped row is right only when ``changes`` hold an
+    update of it from an earlier Kafka position than the snapshot's (any update of it, when the rows carry
+    no position).
+    """
     carried = snapshots.rename(columns={"id": "row_id", "values": "carried"})[
         ["session", "row_id", "carried"]
     ]
@@ -342,14 +402,30 @@ def _check_snapshots(rows: pd.DataFrame, snapshots: pd.DataFrame, whole: bool) -
         elif r["values"] != kept and not same_values(r["values"], kept):
             detail = f"snapshot row {row_id} is {_short(r['values'])}, the snapshot carried {kept}"
             findings.append(Finding("wrong_value", session, seq, row_id, detail))
-    if whole:
-        written = joined[joined["op"] == "snapshot"]
-        for (name, at), group in written.groupby(["session", "seq"]):
-            wanted = carried[carried["session"] == name]
-            for missing in sorted(set(wanted["row_id"].tolist()) - set(group["row_id"].tolist())):
-                detail = f"snapshot row {missing} (seq {at}) has no change row"
-                findings.append(Finding("lost_row", str(name), int(str(at)), int(missing), detail))
+    written = joined[joined["op"] == "snapshot"]
+    earlier = _updated_before_snapshot(changes, written) if not whole else set()
+    for (name, at), group in written.groupby(["session", "seq"]):
+        wanted = carried[carried["session"] == name]
+        for missing in sorted(set(wanted["row_id"].tolist()) - set(group["row_id"].tolist())):
+            if (str(name), int(missing)) in earlier:
+                continue
+            why = "" if whole else ", and no update set it before the snapshot came"
+            detail = f"snapshot row {missing} (seq {at}) has no change row{why}"
+            findings.append(Finding("lost_row", str(name), int(str(at)), int(missing), detail))
     return findings
+
+
+def _updated_before_snapshot(changes: pd.DataFrame, snapshot_rows: pd.DataFrame) -> set[tuple[str, int]]:
+    """``(session, row id)`` of the rows an update set before their session's snapshot was applied."""
+    updates = changes[changes["seq"] > 0]
+    if updates.empty:
+        return set()
+    if "offset" not in changes or "offset" not in snapshot_rows:
+        return {(str(s), int(i)) for s, i in zip(updates["session"], updates["row_id"], strict=True)}
+    at = snapshot_rows.groupby("session")["offset"].min().rename("snapshot_at")
+    first = updates.groupby(["session", "row_id"])["offset"].min().reset_index().join(at, on="session")
+    before = first[first["offset"] < first["snapshot_at"]]
+    return {(str(s), int(i)) for s, i in zip(before["session"], before["row_id"], strict=True)}
 
 
 def same_values(got: Any, want: Any) -> bool:
@@ -359,7 +435,7 @@ def same_values(got: Any, want: Any) -> bool:
     if not isinstance(mine, Mapping) or not isinstance(theirs, Mapping) or set(mine) != set(theirs):
         return False
     for name, value in theirs.items():
-        other = _plain(mine[name])
+        other = plain(mine[name])
         if isinstance(value, int | float) and not isinstance(value, bool) and isinstance(other, int | float):
             if float(value) != float(other):
                 return False
@@ -374,59 +450,3 @@ def _short(values: Any, most: int = 160) -> str:
 
 
 # ------------------------------------------------------------------------------ the tables contract
-
-
-#: Where a correct job's final row comes from (``expected_rows``' ``source``).
-FROM_TRUTH, FROM_SNAPSHOT, FROM_MESSAGE, ABSENT = "truth", "snapshot", "message", "absent"
-
-
-def expected_rows(messages: pd.DataFrame, snapshots: pd.DataFrame) -> pd.DataFrame:
-    """For each ``(session, row_id)`` any message touched: where a correct job's final row comes from.
-
-    The rule: every message that reached the broker is applied in seq order (a copy applied again changes
-    nothing), so each row holds what the highest delivered seq that touched it set: the snapshot (seq 0)
-    touches every row it carried, an update its own row. When that is also the highest seq that touched
-    the row at all, the row is the truth's (``truth``: as the sensor held it when the session closed,
-    absent if the truth lacks it); otherwise a later touch never reached the broker, and the row is the
-    snapshot's (``snapshot``), the update's (``message``: checked against its digest) or gone (``absent``,
-    a delete). A row no delivered message touched is absent.
-
-    Returns ``session``, ``row_id``, ``source``, ``seq`` (the deciding seq, NaN if none), ``lost`` (the
-    seqs after it that touched the row and never arrived, as text).
-    """
-    updates = messages[messages["kind"] == "update"][["session", "seq", "row_id", "op", "delivered"]]
-    updates = updates[updates["row_id"].notna()].assign(row_id=lambda f: f["row_id"].astype("int64"))
-    snap_sent = messages[messages["kind"] == "snapshot"][["session", "seq", "delivered"]]
-    snap = snapshots[["session", "id"]].rename(columns={"id": "row_id"})
-    snap = snap.assign(session=snap["session"].astype(str), row_id=snap["row_id"].astype("int64"))
-    snap = snap.merge(snap_sent, on="session", how="inner").assign(op="snapshot")
-    touches = pd.concat([updates, snap[["session", "seq", "row_id", "op", "delivered"]]], ignore_index=True)
-    if touches.empty:
-        return pd.DataFrame(columns=["session", "row_id", "source", "seq", "lost"])
-    touches = touches.sort_values(["session", "row_id", "seq"])
-    keys = ["session", "row_id"]
-    last = touches.groupby(keys, sort=False).tail(1).set_index(keys)["seq"].rename("last")
-    got = touches[touches["delivered"]]
-    decided = got.groupby(keys, sort=False).tail(1).set_index(keys)[["seq", "op"]]
-    frame = last.to_frame().join(decided, how="left")
-    source = np.where(
-        frame["seq"].isna(),
-        ABSENT,
-        np.where(
-            frame["seq"] == frame["last"],
-            FROM_TRUTH,
-            np.where(
-                frame["op"] == "snapshot",
-                FROM_SNAPSHOT,
-                np.where(frame["op"] == "delete", ABSENT, FROM_MESSAGE),
-            ),
-        ),
-    )
-    frame["source"] = source
-    lost_touches = touches[~touches["delivered"]].join(frame["seq"].rename("decided"), on=keys)
-    lost_touches = lost_touches[
-        lost_touches["decided"].isna() | (lost_touches["seq"] > lost_touches["decided"])
-    ]
-    lost = lost_touches.groupby(keys)["seq"].agg(lambda s: ", ".join(str(int(v)) for v in s)).rename("lost")
-    frame = frame.join(lost, how="left")
-    return frame.reset_index()[["session", "row_id", "source", "seq", "lost"]]

@@ -20,17 +20,16 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pandas as pd
+import pyarrow.dataset as ds
 
 from loadtest.correctness.checks import (
-    Tally,
     check_broker_kept,
     check_dead_letters,
     check_delivery,
-    check_sessions,
-    check_stop,
+    check_placement,
     check_timeouts,
     check_values,
-    ratio,
+    faults_delivered,
     score_faults,
 )
 from loadtest.correctness.contracts import verify_tables
@@ -45,6 +44,7 @@ from loadtest.correctness.expect import (
 from loadtest.correctness.output import PipelineOutput, read_output
 from loadtest.correctness.outputspec import COMMIT_SOURCES, OutputSpec
 from loadtest.correctness.policies import Policy
+from loadtest.correctness.sessions import check_sessions, observed_events
 from loadtest.correctness.shards import (
     SHARD_ROWS,
     Shard,
@@ -55,7 +55,9 @@ from loadtest.correctness.shards import (
     plus,
     summarise,
 )
+from loadtest.correctness.stops import JobExit, StopExpected, judge_stop, policy_stop, stop_expected
 from loadtest.correctness.tables import read_tables, read_truth_tables
+from loadtest.correctness.tally import Tally, ratio
 from loadtest.correctness.triage import READ_BACK_LIMIT, Triager
 from loadtest.correctness.values import read_snapshots
 from loadtest.reports.results import Correctness, Discrepancy
@@ -74,7 +76,9 @@ def verify(
     expectation: Expectation,
     output: PipelineOutput,
     triager: Triager | None = None,
-    pipeline_stopped: bool | None = None,
+    job_exit: JobExit | None = None,
+    *,
+    judge_the_stop: bool = True,
 ) -> Correctness:
     """Compare the pipeline's output with the expectation and triage each discrepancy.
 
@@ -86,12 +90,15 @@ def verify(
         From ``read_output``.
     triager
         Names the layer at fault for each discrepancy; None triages from the ledger alone.
-    pipeline_stopped
-        Whether the pipeline query stopped on its own (needed for ``strict``); None when unknown. A pipeline
-        that stopped after the broker lost data need not have read what the broker took after the loss
-        (``loadtest.correctness.expect.relax_after_data_loss``).
+    job_exit
+        How the job ended (``loadtest.correctness.stops``); None when not known. A job that stopped on its
+        own after the broker lost data need not have read what the broker took after the loss
+        (``loadtest.correctness.expect.relax_after_data_loss``); under ``strict`` the stop is judged by
+        what its integrity output names (``loadtest.correctness.stops``).
+    judge_the_stop
+        False leaves the strict stop to the caller: a long run's shards judge it once, over all of them.
     """
-    if pipeline_stopped:
+    if job_exit is not None and job_exit.on_its_own:
         expectation = relax_after_data_loss(expectation)
     own = triager or Triager(expectation.ledger, kafka=None)
     delivered = expectation.ledger.dropna(subset=["offset", "partition"])
@@ -102,19 +109,26 @@ def verify(
         expectation = with_partition_ends(expectation, ends)
     own.gave_away(expectation.overwritten.index)
     tally = Tally()
-    check_sessions(expectation, output, tally)
+    events, invalid = observed_events(output.integrity, expectation.top_seqs)
+    check_sessions(expectation, output, tally, events, invalid)
+    check_placement(expectation, output, tally)
     check_values(expectation, output.changes, tally)
     check_timeouts(expectation, output, tally)
     score_faults(expectation, tally)
-    check_dead_letters(expectation, output.dead_letters, tally)
+    check_dead_letters(expectation, output, tally)
     check_delivery(expectation, tally)
     check_broker_kept(expectation, tally)
-    check_stop(expectation, pipeline_stopped, tally)
+    found = policy_stop(expectation, events)
+    stop = found[1] if found is not None else None
     discrepancies = own.triage_all(tally.discrepancies)
-    return _correctness(expectation, tally, discrepancies)
+    if judge_the_stop:
+        discrepancies += judge_stop(stop_expected(expectation), stop, job_exit)
+    return _correctness(expectation, tally, discrepancies, stop)
 
 
-def _correctness(exp: Expectation, tally: Tally, discrepancies: list[Discrepancy]) -> Correctness:
+def _correctness(
+    exp: Expectation, tally: Tally, discrepancies: list[Discrepancy], stop: str | None
+) -> Correctness:
     required, exact = tally.counts["exact_required"], tally.counts["exact"]
     return Correctness(
         policy=exp.policy.name,
@@ -137,6 +151,9 @@ def _correctness(exp: Expectation, tally: Tally, discrepancies: list[Discrepancy
         faults=tally.faults,
         damage=tally.damage,
         discrepancies=discrepancies,
+        sessions_judged=tally.counts["sessions_judged"],
+        faults_delivered=faults_delivered(exp.ledger),
+        policy_stop=stop,
         **summarise(discrepancies),
     )
 
@@ -146,14 +163,15 @@ def verify_run(
     output: Path | OutputSpec,
     policy: Policy,
     kafka: KafkaConfig | None = None,
-    pipeline_stopped: bool | None = None,
+    job_exit: JobExit | None = None,
     progress: Callable[[str], None] | None = None,
     shard_rows: int = SHARD_ROWS,
 ) -> Correctness:
     """Verify one run directory's ledger and truth against an output, reading Kafka for triage.
 
     ``output`` is an output root read under the full contract, or an ``OutputSpec`` naming the contract and
-    format (``loadtest.correctness.contracts``); under the tables contract ``policy`` is not used.
+    format (``loadtest.correctness.contracts``), and, for an output several runs share, the run's topic
+    prefix; under the tables contract ``policy`` is used only to judge a strict job's stop.
 
     A Parquet output under the full contract of a run with more than ``shard_rows`` ledger rows is verified a
     few sensors at a time (``loadtest.correctness.shards``), so that memory follows ``shard_rows`` and not
@@ -164,22 +182,34 @@ def verify_run(
     fmt = spec.resolved_format()
     shards = plan_shards(run_dir, shard_rows) if spec.contract == "full" and fmt == "parquet" else []
     if len(shards) > 1:
-        sharded = _Shards(run_dir, spec.path, policy, kafka, pipeline_stopped, progress or log.info)
+        sharded = _Shards(run_dir, spec, policy, kafka, job_exit, progress or log.info)
         return replace(sharded.verify(shards), output_format=fmt, latency_source=COMMIT_SOURCES["markers"])
     ledger = read_ledger(run_dir)
     with Triager(ledger, kafka) as triager:
         if spec.contract == "tables":
             tables = read_tables(spec)
             correctness, found = verify_tables(
-                ledger, read_truth(run_dir), read_truth_tables(run_dir), tables, read_snapshots(run_dir)
+                ledger,
+                read_truth(run_dir),
+                read_truth_tables(run_dir),
+                tables,
+                read_snapshots(run_dir),
+                strict=policy.name == "strict",
+                job_exit=job_exit,
             )
             source = tables.commit_source
             discrepancies = triager.triage_all(found)
             blame = Counter(d.triage.layer for d in discrepancies if d.triage is not None)
-            correctness = replace(correctness, discrepancies=discrepancies, blame=dict(blame))
+            correctness = replace(
+                correctness,
+                discrepancies=discrepancies,
+                blame=dict(blame),
+                faults_delivered=faults_delivered(ledger),
+            )
         else:
             expectation = build_expectation(policy, ledger, read_truth(run_dir), read_snapshots(run_dir))
-            correctness = verify(expectation, read_output(spec.path, fmt), triager, pipeline_stopped)
+            output_read = read_output(spec.path, fmt, topic_prefix=spec.topic_prefix)
+            correctness = verify(expectation, output_read, triager, job_exit)
             source = "delta" if fmt == "delta" else "markers"
     return replace(correctness, output_format=fmt, latency_source=COMMIT_SOURCES[source])
 
@@ -187,36 +217,43 @@ def verify_run(
 class _Verdict(NamedTuple):
     correctness: Correctness
     injected: Counter[str]
+    must: StopExpected | None
+    stop: tuple[str, str] | None
 
 
 class _Shards:
     """``verify`` over a run's shards of sensors, one at a time, their verdicts merged (``shards.merge``).
 
-    Each shard reads only its sensors' ledger, truth and output. Output rows under a sensor the ledger lacks
-    (or none) are read once, beforehand: each goes with the shard that has its session, and the rest (with
-    dead letters of topics the run never had) are checked last against no ledger, as the whole run would
-    find them. Kafka is read back for at most ``READ_BACK_LIMIT`` discrepancies over all the shards.
+    Each shard reads only its sensors' ledger, truth and output. Output rows no shard's reader finds (filed
+    under a sensor the ledger lacks, or none, or under a sensor whose sessions do not include theirs) are
+    read once, beforehand: each goes with the shard that has its session, and the rest (with dead letters of
+    topics the run never had) are checked last against no ledger, as the whole run would find them. Kafka
+    is read back for at most ``READ_BACK_LIMIT`` discrepancies over all the shards; a strict stop is judged
+    once, over all of them.
     """
 
     def __init__(
         self,
         run_dir: Path,
-        root: Path,
+        spec: OutputSpec,
         policy: Policy,
         kafka: KafkaConfig | None,
-        pipeline_stopped: bool | None,
+        job_exit: JobExit | None,
         say: Callable[[str], None],
     ) -> None:
-        self.run_dir, self.root, self.policy, self.kafka = run_dir, root, policy, kafka
-        self.pipeline_stopped = pipeline_stopped
+        self.run_dir, self.spec, self.policy, self.kafka = run_dir, spec, policy, kafka
+        self.job_exit = job_exit
         self.say = say
         self.read_back_left = READ_BACK_LIMIT
         self.stray = PipelineOutput(pd.DataFrame(), pd.DataFrame(), pd.DataFrame(), pd.DataFrame())
         self.sessions: set[str] = set()
 
+    def _read(self, where: dict[str, ds.Expression]) -> PipelineOutput:
+        return read_output(self.spec.path, "parquet", where, topic_prefix=self.spec.topic_prefix)
+
     def verify(self, shards: Sequence[Shard]) -> Correctness:
         """The run's verdict, from every shard's."""
-        self.stray = read_output(self.root, "parquet", outside(shards))
+        self.stray = self._read(outside(shards))
         sensors = shards[-1].last
         verdicts = []
         for i, shard in enumerate(shards, 1):
@@ -233,7 +270,17 @@ class _Shards:
             self.say("verifying the output of sensors the ledger does not have")
             verdicts.append(self._one(Shard((), (), 0, 0, 0), rest))
         injected = sum((v.injected for v in verdicts), Counter[str]())
-        return merge([v.correctness for v in verdicts], injected)
+        merged = merge([v.correctness for v in verdicts], injected)
+        must = min((v.must for v in verdicts if v.must is not None), key=lambda m: m.session, default=None)
+        found = min((v.stop for v in verdicts if v.stop is not None), default=None)
+        stop = found[1] if found is not None else None
+        stops = judge_stop(must, stop, self.job_exit)
+        if not stops:
+            return replace(merged, policy_stop=stop)
+        discrepancies = [*merged.discrepancies, *stops]
+        return replace(
+            merged, passed=False, policy_stop=stop, discrepancies=discrepancies, **summarise(discrepancies)
+        )
 
     def _one(
         self, shard: Shard, output: PipelineOutput | None = None, stops_elsewhere: bool = False
@@ -246,11 +293,17 @@ class _Shards:
         if output is None:
             mine = set(ledger["session"].astype(str).unique())
             self.sessions |= mine
-            output = plus(read_output(self.root, "parquet", shard.where()), of_sessions(self.stray, mine))
+            output = plus(self._read(shard.where()), of_sessions(self.stray, mine))
         with Triager(ledger, self.kafka, limit=self.read_back_left) as triager:
-            correctness = verify(expectation, output, triager, self.pipeline_stopped)
+            correctness = verify(expectation, output, triager, self.job_exit, judge_the_stop=False)
             self.read_back_left -= triager.read_back
-        return _Verdict(correctness, Counter(expectation.injected))
+        events, _ = observed_events(output.integrity, expectation.top_seqs)
+        return _Verdict(
+            correctness,
+            Counter(expectation.injected),
+            stop_expected(expectation),
+            policy_stop(expectation, events),
+        )
 
 
 # --------------------------------------------------------------------------------------------- latency

@@ -41,7 +41,7 @@ from typing import Any
 from loadtest.errors import HarnessError
 from loadtest.gameday.incident import Incident
 from loadtest.gameday.incidents import incident_from_mapping
-from loadtest.reports.results import Correctness, DrillCheck, DrillScore, IncidentResult
+from loadtest.reports.results import VERDICTS, Correctness, DrillCheck, DrillScore, IncidentResult
 from sotw.broker.local import check_broker
 from sotw.errors import BrokerError
 
@@ -111,8 +111,8 @@ def _stop_triggers(outcome: DrillOutcome, bound: Any) -> list[DrillCheck]:
 
 
 def _verdict(outcome: DrillOutcome, wanted: Any) -> list[DrillCheck]:
-    if wanted not in ("PASS", "FAIL"):
-        raise HarnessError(f"expect.verdict must be PASS or FAIL, got {wanted!r}")
+    if wanted not in VERDICTS:
+        raise HarnessError(f"expect.verdict must be one of {', '.join(VERDICTS)}, got {wanted!r}")
     return [DrillCheck("verdict", wanted, outcome.verdict, outcome.verdict == wanted)]
 
 
@@ -157,7 +157,7 @@ EXPECTATIONS: dict[str, tuple[str, Callable[[DrillOutcome, Any], list[DrillCheck
         "the verifier's verdict on the output (true: no discrepancy)",
         _flag("correct", lambda o: o.correctness is not None and o.correctness.passed),
     ),
-    "verdict": ("the run's own verdict, PASS or FAIL", _verdict),
+    "verdict": ("the run's own verdict, PASS, FAIL or INCONCLUSIVE", _verdict),
     "detect_s": (
         "seconds from each incident's start to its first symptom, at most",
         _each_incident("detect_s", " s", lambda r: r.detect_s),

@@ -43,7 +43,7 @@ from loadtest.gameday.incidents import incident_from_mapping
 from loadtest.locust import commands
 from loadtest.locust.driver import ProcessSide
 from loadtest.locust.fleetplan import load_of, part_config, users_for
-from loadtest.locust.headless import EXIT_CODE, add_to_html, write_csvs
+from loadtest.locust.headless import add_to_html, exit_code_of, write_csvs
 from loadtest.locust.lines import Child, plain
 from loadtest.locust.runview import Part, RunView
 from loadtest.locust.settings import LocustSettings
@@ -183,7 +183,7 @@ class Conductor:
             run.latency = list(event.get("latency") or [])
         elif kind == "fleet":
             self.fleet(event)
-        elif kind == "incident":
+        elif kind in ("note", "incident"):
             self.say(str(event.get("message")))
         elif kind == "pipeline_failed" and run is not None:
             self.say(str(event.get("message")))
@@ -472,7 +472,7 @@ class Conductor:
         greenlet of its own or in a headless run's end, never while Locust's runner waits for it.
         """
         try:
-            self._announced.get(timeout=60)  # a run that was starting: its view first
+            self._announced.get(timeout=self._begin_limit())  # a run that was starting: its view first
         except (HarnessError, gevent.Timeout):
             self.say("the harness did not start the run: there is nothing to verify")
             return
@@ -496,6 +496,10 @@ class Conductor:
         if wait:
             if not run.finished.wait(self._finish_limit()):
                 self.say("the verdict did not come in time")
+
+    def _begin_limit(self) -> float:
+        """How long the harness may take to announce a run: a team's job starts first (``--pipeline-cmd``)."""
+        return self.profile.run.pipeline_start_timeout_s + 60.0
 
     def _finish_limit(self) -> float:
         p = self.profile
@@ -524,7 +528,9 @@ class Conductor:
     def quit(self) -> None:
         """Locust is quitting: finish a run still going, write sotw's outputs, set the exit code, stop the harness."""
         try:
-            self._announced.get(timeout=60)  # a run that was starting is finished like any other
+            self._announced.get(
+                timeout=self._begin_limit()
+            )  # a run that was starting is finished like any other
         except (HarnessError, gevent.Timeout):
             pass
         if self.run is not None and not self.run.finished.is_set():
@@ -535,7 +541,7 @@ class Conductor:
                 self.run.gate_failures if self.results is not None else self.settings.gates.failures(None)
             )
             if failures:
-                self.env.process_exit_code = EXIT_CODE
+                self.env.process_exit_code = exit_code_of(failures, self.results)
         if self.live is not None:
             self.live.send_message(commands.to_wire(commands.Quit()))
             self.live.end(timeout=120.0)

@@ -10,7 +10,7 @@ starting at its own block of ``SENSOR_BLOCK`` (worker 0 at 0000, worker 1 at 100
 processes ever write one sensor's sessions, and each writes its own ledger under ``<run>/parts/<name>``.
 
 ``LiveConfig`` is what the Locust side tells the harness process (``loadtest.locust.live``); it lives here so that
-the Locust side can build it without importing the harness's heavier modules.
+the Locust side can build it without importing the harness process's own modules.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from loadtest.errors import HarnessError
+from loadtest.run.job import JobSpec
 from loadtest.run.profile import Profile, load_profile
 from simulator.config import SimulatorConfig
 
@@ -91,17 +92,20 @@ class LiveConfig:
         Where the session writes: the broker's and the pipeline's files, and one directory per run.
     profile, scenario
         The profile and the scenario file it is read from (None: the shipped one).
-    policy, warmup_s, steady_s
-        Overrides of the profile's policy and phase lengths, as ``sotw run`` takes them.
+    policy, warmup_s, steady_s, min_judged, source
+        Overrides of the profile's policy, phase lengths, verdict floor and Kafka reader, as ``sotw run`` takes
+        them.
     bootstrap, kafka_settings
         A running cluster; None starts a local broker.
     broker
         The local broker: ``kafka`` (one Apache Kafka node) or ``kafka-3`` (``sotw.broker.BROKERS``).
+    job
+        The job under test when it is not sotw's pipeline, or how its output is read, as ``sotw run`` takes it
+        (``--pipeline-cmd``, ``--attach``, ``--contract``, ...; ``loadtest.run.job.JobSpec``): a team's
+        command is started for each run, a job attached to is watched by every run.
     pipeline
-        Start the pipeline (otherwise one runs already, writing to ``output`` with ``checkpoint``).
-    output, checkpoint
-        A pipeline that runs already: its output root and checkpoint (both None: lag and correctness are not
-        measured).
+        Start sotw's own pipeline, once for the session, when ``job`` has no command of its own. False with
+        no ``job`` either: nothing is watched, so lag and correctness are not measured.
     tag
         Part of every topic name of the session, so sessions sharing a cluster never read each other.
     verify_every_s
@@ -116,12 +120,13 @@ class LiveConfig:
     policy: str | None = None
     warmup_s: float | None = None
     steady_s: float | None = None
+    min_judged: float | None = None
+    source: str | None = None
     bootstrap: str | None = None
     kafka_settings: Mapping[str, str] = field(default_factory=dict)
     broker: str = "kafka"
+    job: JobSpec | None = None
     pipeline: bool = True
-    output: str | None = None
-    checkpoint: str | None = None
     tag: str = ""
     verify_every_s: float = 5.0
     master_pid: int = 0
@@ -134,9 +139,13 @@ class LiveConfig:
             run = dataclasses.replace(run, warmup_s=self.warmup_s)
         if self.steady_s is not None:
             run = dataclasses.replace(run, steady_s=self.steady_s)
+        if self.min_judged is not None:
+            run = dataclasses.replace(run, min_judged=self.min_judged)
         pipeline = profile.pipeline
         if self.policy is not None:
             pipeline = dataclasses.replace(pipeline, policy=self.policy)
+        if self.source is not None:
+            pipeline = dataclasses.replace(pipeline, source=self.source)
         return dataclasses.replace(profile, run=run, pipeline=pipeline)
 
     def base_prefix(self, profile: Profile) -> str:
@@ -146,11 +155,14 @@ class LiveConfig:
     def write(self, path: Path) -> Path:
         """Write as JSON to ``path``; returns it."""
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(dataclasses.asdict(self), indent=1))
+        data = dataclasses.asdict(dataclasses.replace(self, job=None))
+        data["job"] = self.job.to_dict() if self.job is not None else None
+        path.write_text(json.dumps(data, indent=1))
         return path
 
     @classmethod
     def read(cls, path: Path) -> LiveConfig:
         """Read what ``write`` wrote."""
         data: dict[str, Any] = json.loads(path.read_text())
-        return cls(**data)
+        job = data.pop("job", None)
+        return cls(**data, job=JobSpec.from_dict(job) if job else None)

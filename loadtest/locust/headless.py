@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loadtest.reports.results import Results
+from loadtest.reports.results import EXIT_CODES, INCONCLUSIVE, Results
 
 #: The process exit code of a run that broke a threshold (locust-plugins' checks use the same).
 EXIT_CODE = 3
@@ -87,6 +87,17 @@ class Gates:
         if self.verdict and results.verdict.verdict != "PASS":
             out.append(f"--check-verdict: {results.verdict.verdict}: {'; '.join(results.verdict.reasons)}")
         return out
+
+
+def exit_code_of(failures: list[str], results: Results | None) -> int:
+    """The exit code of a run that broke ``failures``: INCONCLUSIVE's (4) when that verdict is all it broke.
+
+    A run that judged too little did not fail: ``--check-verdict`` alone then exits as ``sotw run`` does.
+    """
+    only_verdict = all(f.startswith("--check-verdict:") for f in failures)
+    if results is not None and only_verdict and results.verdict.verdict == INCONCLUSIVE:
+        return EXIT_CODES[INCONCLUSIVE]
+    return EXIT_CODE
 
 
 def summary_rows(results: Results) -> list[list[Any]]:

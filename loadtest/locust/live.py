@@ -1,8 +1,10 @@
 """The harness side of a Locust session: ``python -m loadtest.locust.live CONFIG.json``.
 
 The Locust master (or the only Locust process) starts this process once. It starts a local broker and
-the pipeline (unless told of running ones), then, for each Locust run, measures and verifies while the load
-goes on and gives the run's verdict at the end, with the same parts and rules as ``sotw run``:
+sotw's pipeline (unless told of running ones, or given a team's job), then, for each Locust run
+(``loadtest.locust.liverun.LocustRun``, the run ``sotw run`` makes, driven by ``loadtest.run.driver``), starts
+a team's job with the run's placeholders, measures and verifies while the load goes on and gives the run's
+verdict at the end, with the same parts and rules as ``sotw run``:
 
 - the sampler (``loadtest.measure.samplers``: lag from the pipeline's checkpoint and Kafka's end offsets, per topic
   too; output rows; batches; CPU and memory), one row a second, each sent to the Locust side as it is taken;
@@ -12,8 +14,9 @@ goes on and gives the run's verdict at the end, with the same parts and rules as
   steady until Locust stops the run, then drain and settle;
 - incidents (``loadtest.gameday.incidents``) on a ``RunStage`` whose simulator controls are sent back to the Locust
   side (``fleet`` events), which passes them to the simulators of its processes;
-- at the end, the verifier over the whole run, ``loadtest.measure.figures.results`` (the same figures and verdict
-  as ``sotw run``), ``results.json`` and the report.
+- at the end, a team's job stopped, the verifier over the whole run (``loadtest.correctness.verify.verify_run``),
+  ``loadtest.measure.figures.results`` (the same figures and verdict as ``sotw run``), ``results.json`` and the
+  report.
 
 Commands arrive as JSON lines on standard input (``loadtest.locust.commands``: ``Begin``, ``UpdateFleet``,
 ``FireIncident``, ``StopLoad``, ``Finish``, ``Quit``) and events leave as JSON lines on standard output
@@ -35,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from loadtest.errors import HarnessError
+from loadtest.gameday.incidents import incident_from_mapping
 from loadtest.locust.commands import (
     Begin,
     Command,
@@ -48,12 +52,13 @@ from loadtest.locust.commands import (
 )
 from loadtest.locust.fleetplan import LiveConfig
 from loadtest.locust.lines import Events, commands
-from loadtest.locust.liverun import Run
-from loadtest.run.processes import AttachedPipeline, PipelineProcess, PipelineProcessConfig
+from loadtest.locust.liverun import LocustRun
+from loadtest.run.job import job_process, kafka_flags
+from loadtest.run.processes import AttachedPipeline, PipelineProcess
 from loadtest.run.stage import LocalControl
 from sotw.broker import LocalBroker, local_broker
 from sotw.errors import SotwError
-from sotw.kafka import KafkaConfig, topic_pattern
+from sotw.kafka import KafkaConfig
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +67,11 @@ FINISHER_GRACE_S = 10.0
 
 
 class Session:
-    """The broker and pipeline of a Locust session, and its runs one after the other."""
+    """The broker and pipeline of a Locust session, and its runs one after the other.
+
+    sotw's own pipeline is started once for the session (its start costs a JVM) and a job attached to is
+    watched by every run; a team's ``--pipeline-cmd`` is started by each run (``LocustRun``).
+    """
 
     def __init__(self, config: LiveConfig, events: Events) -> None:
         self.config = config
@@ -76,9 +85,7 @@ class Session:
         self.control: LocalControl | None = None
         self.pipeline: PipelineProcess | None = None
         self._kafka: KafkaConfig | None = None
-        self.output: Path | None = Path(config.output) if config.output else None
-        self.checkpoint: Path | None = Path(config.checkpoint) if config.checkpoint else None
-        self.run: Run | None = None
+        self.run: LocustRun | None = None
         self.finisher: threading.Thread | None = None
         self._runs = 0
 
@@ -100,43 +107,35 @@ class Session:
             )
             self.control = LocalControl(self.broker)
             self._kafka = KafkaConfig(self.broker.bootstrap, dict(config.kafka_settings))
-        if config.pipeline:
-            root = self.dir / "pipeline"
-            self.output, self.checkpoint = root / "output", root / "checkpoint"
-            flags = [a for k, v in self.kafka.settings.items() for a in ("-X", f"{k}={v}")]
-            self.pipeline = PipelineProcess(
-                PipelineProcessConfig(
-                    bootstrap=self.kafka.bootstrap,
-                    output=self.output,
-                    checkpoint=self.checkpoint,
-                    pattern=topic_pattern(self.prefix),
-                    settings=profile.pipeline,
-                    extra_args=("-q", *flags),
-                ),
-                log_path=root / "pipeline.log",
-            )
+        job, root = config.job, self.dir / "pipeline"
+        if job is not None and job.attach:
+            self.pipeline = job_process(job, profile, self.kafka, root, self.prefix, ())
+        elif config.pipeline and (job is None or job.command is None):
+            flags = ("-q", *kafka_flags(self.kafka))
+            self.pipeline = job_process(job, profile, self.kafka, root, self.prefix, flags, self.dir)
             self.events.send("starting", what=f"the pipeline ({profile.pipeline.policy} policy)")
             self.pipeline.start()
             self.pipeline.wait_ready(profile.run.pipeline_start_timeout_s)
-        elif self.output is not None and self.checkpoint is not None:
-            self.pipeline = AttachedPipeline(
-                PipelineProcessConfig(self.kafka.bootstrap, self.output, self.checkpoint),
-                log_path=self.dir / "pipeline.log",
-            )
         self.events.send(
             "ready",
             bootstrap=self.kafka.bootstrap,
             kafka_settings=dict(self.kafka.settings),
             prefix=self.prefix,
-            output=str(self.output) if self.output else None,
+            output=str(self.pipeline.config.output) if self.pipeline is not None else None,
             profile=self.profile.as_dict(),
         )
 
     def begin(self) -> None:
-        """Start the next run.
+        """Start the next run: its job first, when the run owns one, then the measuring.
 
         The Locust side starts one only after the last run's verdict, which that run's thread sends last: it
         is given a moment to end rather than refusing a start that came right after the verdict.
+
+        Raises
+        ------
+        HarnessError
+            If the last run is still being verified, the run cannot be told apart from the last one in an
+            attached job's table, or the run's job does not start.
         """
         finisher = self.finisher
         if finisher is not None:
@@ -145,10 +144,24 @@ class Session:
             raise HarnessError(
                 "the previous run is still being verified; start again once it has its verdict"
             )
+        job = self.config.job
+        if self._runs and job is not None and job.attach and job.contract == "tables":
+            raise HarnessError(
+                "the attached job's table holds the last run's sessions too, and the tables contract cannot tell "
+                "runs apart by topic: start a new sotw locust session for each run, or give the job with "
+                "--pipeline-cmd, which starts it with a new output for each run"
+            )
         self._runs += 1
-        self.run = Run(self, f"run-{self._runs}")
-        self.events.send("run", run_dir=str(self.run.run_dir), prefix=self.run.prefix, index=self._runs)
-        self.run.begin()  # its first event (the warm-up phase) comes after the run's
+        run = LocustRun(self, f"run-{self._runs}")
+        try:
+            # The job before the load, as `sotw run` starts it: the run's first messages find it running.
+            run.start_job()
+        except BaseException:
+            run.close()
+            raise
+        self.run = run
+        self.events.send("run", run_dir=str(run.run_dir), prefix=run.prefix, index=self._runs)
+        run.begin()  # its first event (the warm-up phase) comes after the run's
 
     def handle(self, command: Command) -> bool:
         """Carry out one command; False once the session is to end.
@@ -170,7 +183,7 @@ class Session:
             case UpdateFleet(load=load, users=users, stats=stats, pids=pids):
                 run.relay.update(stats, load, users, pids)
             case FireIncident(incident=incident):
-                run.fire(incident)
+                run.fire(incident_from_mapping({**incident, "at_s": 0.0}, where="incident from the UI"))
             case StopLoad():
                 run.stop_load()
             case Finish(interrupted=interrupted, command=line) if self.finisher is None:
@@ -180,7 +193,7 @@ class Session:
                 self.finisher.start()
         return True
 
-    def _finish(self, run: Run, interrupted: bool, command: str) -> None:
+    def _finish(self, run: LocustRun, interrupted: bool, command: str) -> None:
         try:
             run.finish(interrupted, command)
         except Exception as exc:
@@ -190,16 +203,13 @@ class Session:
             self.finisher = None
 
     def close(self) -> None:
-        """Stop the run's threads, the pipeline and the broker."""
+        """Stop the run (its threads, incidents, measuring and job), the session's pipeline and the broker."""
         if self.run is not None:
-            self.run.stop.set()
-            self.run._ended.set()
-            for schedule in list(self.run.schedules):
-                schedule.stop()
+            self.run.quit()
         if self.finisher is not None:
             self.finisher.join(120)
-        if self.run is not None and self.run.sampler.is_alive():
-            self.run.sampler.stop()
+        if self.run is not None:
+            self.run.close()
         if self.pipeline is not None and not isinstance(self.pipeline, AttachedPipeline):
             self.pipeline.stop()
         self.stack.close()

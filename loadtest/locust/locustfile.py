@@ -10,7 +10,8 @@ What Locust shows: ``kafka``/``publish ack`` request events (aggregated: one per
 second, counting every message), and sotw's own tabs and panel (``loadtest.locust.webui``): consumer lag per topic,
 end-to-end latency over time, the pipeline's batches, injected versus detected faults, the live verifier's
 verdict so far, fault-rate controls and incident buttons. The harness process (``loadtest.locust.live``) starts a
-local broker and the pipeline unless ``--bootstrap``/``--no-pipeline`` say otherwise, and ends each run
+local broker and the pipeline unless ``--bootstrap``/``--no-pipeline`` say otherwise, or a team's job for each
+run (``--pipeline-cmd`` and the other job flags of ``sotw run``: ``loadtest.run.jobargs``), and ends each run
 the way ``sotw run`` does (drain, settle, verify, ``results.json`` and report).
 
 Load shapes by name (``--shape steady|step|spike|soak``, ``loadtest.locust.shapes``); without one, users and spawn
@@ -20,6 +21,7 @@ and ``--html``, and ``--check-*`` thresholds set the exit code.
 
 from __future__ import annotations
 
+import argparse
 import functools
 import logging
 import os
@@ -44,6 +46,8 @@ from loadtest.locust.settings import LocustSettings
 from loadtest.locust.shapes import SHAPES, make_shape
 from loadtest.locust.webui import install
 from loadtest.run.controls import from_wire
+from loadtest.run.job import JobSpec
+from loadtest.run.jobargs import add_job_args, add_min_judged, add_source_arg, job_from_args
 from loadtest.run.profile import parse_load
 from sotw.broker.local import BROKERS
 from sotw.cliargs import kafka_settings
@@ -148,13 +152,14 @@ def add_options(parser: Any) -> None:
         "--pipeline-output",
         metavar="DIR",
         default=None,
-        help="sotw: the running pipeline's output (with --no-pipeline), for lag and verification",
+        help="sotw: the running pipeline's output (with --no-pipeline), for lag and verification; "
+        "as --attach --output DIR",
     )
     option(
         "--pipeline-checkpoint",
         metavar="DIR",
         default=None,
-        help="sotw: the running pipeline's checkpoint (with --no-pipeline)",
+        help="sotw: the running pipeline's checkpoint (with --no-pipeline); as --lag-from checkpoint:DIR",
     )
     option(
         "--broker",
@@ -201,6 +206,10 @@ def add_options(parser: Any) -> None:
         default=False,
         help="sotw: exit 3 unless sotw's verdict is PASS (as `sotw run` exits 0)",
     )
+    # The job under test, as `sotw run` takes it; in groups, so they stay out of the UI's start form.
+    group = add_job_args(parser)
+    add_source_arg(group)
+    add_min_judged(group)
 
 
 def settings_from(options: Any) -> LocustSettings:
@@ -211,10 +220,7 @@ def settings_from(options: Any) -> LocustSettings:
     SotwError
         For a bad load, file or combination of options.
     """
-    if (options.pipeline_output or options.pipeline_checkpoint) and not options.no_pipeline:
-        raise SotwError(
-            "--pipeline-output and --pipeline-checkpoint are for a pipeline that runs already: add --no-pipeline"
-        )
+    job = job_of(options)
     session = Path(options.run_dir or Path("runs") / f"locust-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     try:
         settings = kafka_settings(options)
@@ -227,12 +233,13 @@ def settings_from(options: Any) -> LocustSettings:
         policy=options.policy,
         warmup_s=options.warmup,
         steady_s=options.steady,
+        min_judged=options.min_judged,
+        source=options.source,
         bootstrap=options.bootstrap,
         kafka_settings=settings,
         broker=options.broker,
+        job=job,
         pipeline=not options.no_pipeline,
-        output=options.pipeline_output,
-        checkpoint=options.pipeline_checkpoint,
         tag=secrets.token_hex(3),
         verify_every_s=options.verify_every,
         master_pid=os.getpid(),
@@ -253,6 +260,42 @@ def settings_from(options: Any) -> LocustSettings:
         html_file=options.html_file,
         command=shlex.join(["locust", *sys.argv[1:]]),
     )
+
+
+def job_of(options: Any) -> JobSpec | None:
+    """The job under test the options name, as ``sotw run``'s flags name it (``loadtest.run.jobargs``).
+
+    ``--no-pipeline --pipeline-output DIR --pipeline-checkpoint DIR`` is ``--attach --output DIR --lag-from
+    checkpoint:DIR``.
+
+    Raises
+    ------
+    SotwError
+        For flags that do not make a job, or contradict each other (the message names them).
+    """
+    args = argparse.Namespace(**vars(options))
+    if args.pipeline_output or args.pipeline_checkpoint:
+        if not args.no_pipeline:
+            raise SotwError(
+                "--pipeline-output and --pipeline-checkpoint are for a pipeline that runs already: add --no-pipeline"
+            )
+        if (
+            not (args.pipeline_output and args.pipeline_checkpoint)
+            or args.attach
+            or args.output
+            or args.lag_from
+        ):
+            raise SotwError(
+                "--pipeline-output and --pipeline-checkpoint go together, and in place of --attach --output DIR "
+                "--lag-from checkpoint:DIR"
+            )
+        args.attach, args.output = True, Path(args.pipeline_output)
+        args.lag_from = f"checkpoint:{args.pipeline_checkpoint}"
+    if args.no_pipeline and args.pipeline_cmd:
+        raise SotwError(
+            "--no-pipeline and --pipeline-cmd exclude each other: the command is the pipeline to start"
+        )
+    return job_from_args(args)
 
 
 class SensorLoad(User):

@@ -112,7 +112,8 @@ class LocustStage(RunStage):
     def _ours(self) -> None:
         if self.external:
             raise HarnessError(
-                "pipeline incidents need the pipeline this session started (not --no-pipeline)"
+                "pipeline incidents need a pipeline the harness started (sotw's, or --pipeline-cmd), not one it "
+                "only watches (--attach, --no-pipeline)"
             )
 
     def kill_pipeline(self) -> None:

@@ -29,6 +29,7 @@ from loadtest.correctness.outputspec import OutputSpec
 from loadtest.gameday.incidents import IncidentRecord
 from loadtest.gameday.recovery import Stop, Window, measure
 from loadtest.measure.resources import COMPONENTS, harness_overhead, per_second, resources
+from loadtest.measure.verdict import verdict
 from loadtest.reports.results import (
     SCHEMA_VERSION,
     Correctness,
@@ -39,7 +40,6 @@ from loadtest.reports.results import (
     Results,
     RunInfo,
     Series,
-    Verdict,
 )
 from loadtest.run.profile import Profile
 from pipeline.progress import input_messages
@@ -376,60 +376,3 @@ def headline(outcome: Outcome, steady: pd.DataFrame, latency: list[LatencySummar
     breakdown = time_breakdown(outcome.output.path / "progress.jsonl", outcome.steady)
     figures += [Figure(f"{BATCH_STEP}{step}", STEADY, ms, "ms") for step, ms in breakdown.items()]
     return figures
-
-
-def consumed_nothing(samples: list[dict[str, Any]]) -> str | None:
-    """Why the job read nothing, if its position never moved while the broker took messages; else None.
-
-    Missing rows then are not the job's bugs: it never read the run's topics, most often because its
-    subscription does not match them.
-    """
-    acked = max((float(s.get("acked", 0) or 0) for s in samples), default=0.0)
-    read = [float(s["consumed"]) for s in samples if s.get("consumed") is not None]
-    if acked <= 0 or not read or max(read) > 0:
-        return None
-    return (
-        f"the job consumed nothing while the broker took {acked:,.0f} messages: its position on the run's "
-        "topics never moved. Check its subscription: {pattern} is a regex that starts with ^ (librdkafka "
-        "reads a topic name without ^ literally), {prefix} the topics' common prefix"
-    )
-
-
-def verdict(outcome: Outcome, summary: list[Figure]) -> Verdict:
-    """PASS only if the pipeline kept up, the load was delivered and the output is correct."""
-    run = outcome.profile.run
-    value = {f.name: f.value for f in summary if f.scope == STEADY}
-    reasons: list[str] = []
-    if outcome.interrupted:
-        reasons.append("the run was interrupted (Ctrl-C); results are partial")
-    if outcome.pipeline_failed and not outcome.correctness.must_stop:
-        reasons.append(outcome.pipeline_failed)
-    idle = consumed_nothing(outcome.samples)
-    if idle:
-        reasons.append(idle)
-    if outcome.drain_s is None and not outcome.interrupted and outcome.pipeline_failed is None:
-        reasons.append(f"the pipeline did not catch up within {run.drain_max_s:g} s after the load stopped")
-    # With incidents the steady phase holds their lag on purpose: a drill's scorecard judges how the pipeline
-    # recovered, so the calm-day bounds are not applied.
-    incidents = any(r.start_ms for r in outcome.incidents)
-    lag_p95 = math.nan if incidents else value.get("lag_age_p95", math.nan)
-    if lag_p95 > run.max_lag_s:
-        reasons.append(
-            f"lag during the steady phase: p95 age of the oldest unprocessed message "
-            f"{lag_p95:.1f} s > {run.max_lag_s:g} s"
-        )
-    e2e_p99 = math.nan if incidents else value.get("end_to_end_p99", math.nan) / 1000.0
-    if run.max_end_to_end_p99_s is not None and e2e_p99 > run.max_end_to_end_p99_s:
-        reasons.append(
-            f"end-to-end latency p99 of the messages meant for the steady phase {e2e_p99:.1f} s > "
-            f"{run.max_end_to_end_p99_s:g} s"
-        )
-    produced = value.get("produced_rate", math.nan)
-    if produced < 0.9 * outcome.target_rate and not outcome.interrupted:
-        reasons.append(
-            f"the simulator produced {produced:,.0f} msg/s, under 90% of the "
-            f"{outcome.target_rate:,.0f} msg/s asked for: the load generator or broker is the bottleneck"
-        )
-    if not outcome.correctness.passed:
-        reasons += [f"correctness: {r}" for r in outcome.correctness.reasons] or ["correctness checks failed"]
-    return Verdict("FAIL" if reasons else "PASS", reasons)

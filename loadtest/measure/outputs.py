@@ -94,7 +94,10 @@ class DeltaOutputProbe:
 class FilesOutputProbe:
     """Rows in a directory of Parquet files, and when each file was first seen (the commit time of last resort).
 
-    ``close`` writes ``{file: first seen, epoch ms}`` to ``seen_path`` for the verifier's latency figures.
+    ``close`` writes ``{file: first seen, epoch ms}`` to ``seen_path`` for the verifier's latency figures. A
+    file written again in place (a job that rewrites its whole table into one file) is left out of it: when
+    its rows became visible is not known, so their latency is not measured rather than dated by the file's
+    first version, which would make it come out before the messages were even sent.
     """
 
     def __init__(self, root: Path, seen_path: Path, dataset: str = "changes") -> None:
@@ -102,27 +105,41 @@ class FilesOutputProbe:
         self._seen_path = seen_path
         self._dataset = dataset
         self.first_seen: dict[str, int] = {}
-        self.rows = 0
+        self._versions: dict[str, tuple[int, int, int]] = {}
+        self._rows: dict[str, int] = {}
+        self.rewritten: set[str] = set()
+
+    @property
+    def rows(self) -> int:
+        """Rows in the files as last seen."""
+        return sum(self._rows.values())
 
     def sample(self) -> dict[str, Any]:
-        """Cumulative rows in the files seen so far."""
+        """Rows in the files seen so far, each file as last seen."""
         now = int(time.time() * 1000)
         for path in parquet_files(self._root):
             name = str(path.relative_to(self._root))
-            if name in self.first_seen:
-                continue
             try:
+                stat = path.stat()
+                version = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
+                if self._versions.get(name) == version:
+                    continue
                 rows = pq.ParquetFile(path).metadata.num_rows
             except (OSError, ValueError, pa.ArrowException):
                 continue  # still being written; next second
-            self.first_seen[name] = now
-            self.rows += int(rows)
+            if name in self._versions:
+                self.rewritten.add(name)
+            else:
+                self.first_seen[name] = now
+            self._versions[name] = version
+            self._rows[name] = int(rows)
         return {f"written_{self._dataset}": self.rows}
 
     def close(self) -> None:
-        """Write the first-seen times."""
+        """Write the first-seen times of the files never written again."""
         self._seen_path.parent.mkdir(parents=True, exist_ok=True)
-        self._seen_path.write_text(json.dumps(self.first_seen))
+        kept = {name: ms for name, ms in self.first_seen.items() if name not in self.rewritten}
+        self._seen_path.write_text(json.dumps(kept))
 
 
 class ProgressProbe:

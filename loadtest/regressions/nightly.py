@@ -45,6 +45,7 @@ from loadtest.regressions.paired import PairedJudgement, judgement_lines, judgem
 from loadtest.regressions.sidebyside import BASELINE, CANDIDATE, Side, install_baseline, resolve
 from loadtest.regressions.sides import TIMED_OUT, Paired, SideRuns
 from loadtest.regressions.trend import write_trend
+from loadtest.reports.results import EXIT_CODES, FAIL, INCONCLUSIVE
 
 log = logging.getLogger(__name__)
 
@@ -191,12 +192,13 @@ def night_verdict(judgements: Sequence[PairedJudgement], runs: Sequence[Benchmar
 
 
 def failed_benchmarks(runs: Sequence[BenchmarkRun]) -> list[BenchmarkRun]:
-    """Benchmarks that did not produce their measurements (a load test's FAIL verdict still measured)."""
+    """Benchmarks that did not produce their measurements (a load test's FAIL or INCONCLUSIVE still measured)."""
+    verdicts = {EXIT_CODES[FAIL], EXIT_CODES[INCONCLUSIVE]}
     return [
         b
         for b in runs
         if b.exit_code != 0
-        and not (b.exit_code == 1 and b.name.split("/")[-1].startswith(("bench-", "drill-")))
+        and not (b.exit_code in verdicts and b.name.split("/")[-1].startswith(("bench-", "drill-")))
     ]
 
 

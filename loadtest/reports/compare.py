@@ -9,6 +9,7 @@ command exits 1 when one got worse by more than its threshold.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -53,12 +54,16 @@ def entry_of(path: Path) -> Entry:
     metrics: list[Metric] = []
     started = ""
     commit = ""
+    verdicts = []
     for file in _results_files(path):
         result = Results.from_json(file)
         metrics += metrics_from_results(f"{result.run.load_factor:g}x", [result])
         started = started or str(result.run.started_ms)
         commit = commit or result.run.versions.get("sotw", "")
-    return Entry(night=str(path), commit=commit, started_utc=started, metrics=metrics)
+        verdicts.append(f"{result.run.load_factor:g}x {result.verdict.verdict}")
+    return Entry(
+        night=str(path), commit=commit, started_utc=started, metrics=metrics, verdict=", ".join(verdicts)
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -83,10 +88,10 @@ def main(argv: Sequence[str]) -> int:
     args = build_parser().parse_args(list(argv))
     a, b = entry_of(args.a), entry_of(args.b)
     # Side by side, whatever machines they ran on: the user chose the pair.
-    b = Entry(night=b.night, commit=b.commit, started_utc=b.started_utc, machine=a.machine, metrics=b.metrics)
+    b = dataclasses.replace(b, machine=a.machine)
     comparison = compare(b, [a], Thresholds(k=args.k))
     _, rows = comparison_rows(comparison)
-    print(f"A: {args.a}\nB: {args.b}\n")
+    print(f"A: {args.a} ({a.verdict or 'no verdict'})\nB: {args.b} ({b.verdict or 'no verdict'})\n")
     print(md_table((["metric", "status", "B (spread)", "A (spread)", "change", "threshold"], rows)))
     print(comparison_text(comparison))
     return 1 if args.fail_on_regression and comparison.regressions else 0

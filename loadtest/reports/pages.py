@@ -18,6 +18,7 @@ table{border-collapse:collapse;margin:0.6em 0;font-size:0.9em}
 th,td{border:1px solid #ddd;padding:4px 8px;text-align:left;vertical-align:top} th{background:#f5f5f5}
 .PASS{color:#fff;background:#2e7d32;padding:2px 8px;border-radius:4px}
 .FAIL{color:#fff;background:#c62828;padding:2px 8px;border-radius:4px}
+.INCONCLUSIVE{color:#fff;background:#ef6c00;padding:2px 8px;border-radius:4px}
 img{max-width:100%;border:1px solid #eee} pre{background:#f7f7f7;padding:8px;overflow:auto}
 figure{margin:0.6em 0} figcaption{color:#444;font-size:0.9em;max-width:110ch;margin-top:0.3em}
 """

@@ -145,7 +145,11 @@ def _correctness_rows(c: Correctness) -> tuple[list[str], list[list[str]]]:
         ["rows lost / repeated / unexpected", f"{c.rows_lost} / {c.rows_repeated} / {c.rows_unexpected}"],
         ["malformed quarantined", f"{c.malformed_quarantined} of {c.malformed_sent}"],
         ["session statuses", ", ".join(f"{k} {v}" for k, v in sorted(c.statuses.items())) or "-"],
-        ["strict: query must stop", "yes" if c.must_stop else "no"],
+        ["sessions judged", f"{fmt(c.sessions_judged)} of {fmt(c.sessions_expected)}"],
+        [
+            "strict: query must stop",
+            ("yes; stopped at " + c.policy_stop if c.policy_stop else "yes") if c.must_stop else "no",
+        ],
         ["blame", ", ".join(f"{k} {v}" for k, v in sorted(c.blame.items())) or "-"],
         ["end-to-end latency measured against", c.latency_source or "-"],
     ]
@@ -166,7 +170,7 @@ def _tables_rows(c: Correctness) -> list[list[str]]:
             "judged against what their delivered messages build (they lost some)",
             fmt(c.sessions_judged_from_delivered),
         ],
-        ["not judged (a message whose delivery is unknown)", fmt(c.sessions_not_judged)],
+        ["not judged (the ledger does not name their rows)", fmt(c.sessions_not_judged)],
         ["rows expected / written", f"{fmt(c.rows_expected)} / {fmt(c.rows_written)}"],
         [
             "rows wrong / missing / extra / repeated",
@@ -243,7 +247,7 @@ def markdown_summary(results: Sequence[Results], html_path: Path | None = None) 
     out = ["# sotw load-test report", ""]
     for r in results:
         if r.drill is not None:
-            verdict = "PASS" if r.drill.passed else "FAIL"
+            verdict = r.drill_verdict
             out += [
                 f"## Drill {r.drill.name}: {verdict}",
                 "",
@@ -326,7 +330,7 @@ def render_html(results: Sequence[Results]) -> str:
     ]
     for r in results:
         if r.drill is not None:
-            v = "PASS" if r.drill.passed else "FAIL"
+            v = r.drill_verdict or ""
             parts += [
                 f"<h2>Drill {html.escape(r.drill.name)} <span class='{v}'>{v}</span></h2>",
                 f"<p>{html.escape(r.drill.description)}</p>",

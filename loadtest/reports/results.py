@@ -12,6 +12,7 @@ import dataclasses
 import json
 import math
 import typing
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,9 +20,12 @@ from typing import Any
 from loadtest.errors import HarnessError
 from loadtest.reports.plain import from_plain, to_plain
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 LAYERS = ("producer", "broker", "pipeline", "unknown")
-VERDICTS = ("PASS", "FAIL")
+PASS, FAIL, INCONCLUSIVE = "PASS", "FAIL", "INCONCLUSIVE"
+VERDICTS = (PASS, FAIL, INCONCLUSIVE)
+#: Each verdict's exit code in every command (3 is a Locust run's broken ``--check-*`` threshold).
+EXIT_CODES = {PASS: 0, FAIL: 1, INCONCLUSIVE: 4}
 SCOPES = ("steady", "drain", "whole run")
 """What a figure covers: the steady phase, the drain, or the whole run (warm-up included)."""
 
@@ -179,7 +183,11 @@ class Correctness:
     before the pipeline could see them, judged against the table their delivered messages build, and
     ``sessions_not_judged`` those that could not be judged (a message whose delivery is unknown).
     ``latency_source`` says which commit time end-to-end latency was measured against
-    (``loadtest.correctness.contracts.COMMIT_SOURCES``).
+    (``loadtest.correctness.contracts.COMMIT_SOURCES``). ``sessions_judged`` counts the sessions the output
+    was held to something for (a session allowed to be absent, and absent, was not judged);
+    ``faults_delivered`` how many injected faults of each kind reached the broker, where the pipeline could
+    meet them (``loadtest.correctness.checks.faults_delivered``); ``policy_stop`` the violation the job's
+    integrity output names as the one that stopped it under ``strict``.
     """
 
     policy: str
@@ -210,6 +218,9 @@ class Correctness:
     latency_source: str = ""
     rows_values_checked: int = 0
     sessions_judged_from_delivered: int = 0
+    sessions_judged: int = 0
+    faults_delivered: dict[str, int] = field(default_factory=dict)
+    policy_stop: str | None = None
 
 
 @dataclass(frozen=True)
@@ -295,7 +306,13 @@ class DrillScore:
 
 @dataclass(frozen=True)
 class Verdict:
-    """PASS only if the pipeline kept up and the correctness checks hold; otherwise FAIL with reasons."""
+    """The run's verdict and why.
+
+    PASS only if the pipeline kept up and the correctness checks hold; FAIL with the reasons it did not;
+    INCONCLUSIVE when nothing failed but the run judged too little to pass (too few sessions judged, a fault
+    kind the profile injects that never reached the broker, too short a steady phase), with why. Anything
+    but PASS is not a pass.
+    """
 
     verdict: str
     reasons: list[str] = field(default_factory=list)
@@ -303,6 +320,20 @@ class Verdict:
     def __post_init__(self) -> None:
         if self.verdict not in VERDICTS:
             raise ValueError(f"verdict must be one of {VERDICTS}, got {self.verdict!r}")
+
+    @property
+    def passed(self) -> bool:
+        """PASS, and nothing else."""
+        return self.verdict == PASS
+
+
+def exit_code(verdicts: Iterable[str]) -> int:
+    """A command's exit code for the verdicts of its runs: FAIL's if any failed, else INCONCLUSIVE's if any was."""
+    seen = set(verdicts)
+    for verdict in (FAIL, INCONCLUSIVE):
+        if verdict in seen:
+            return EXIT_CODES[verdict]
+    return EXIT_CODES[PASS]
 
 
 @dataclass(frozen=True)
@@ -377,6 +408,18 @@ class Results:
             return from_plain(cls, data, "results")
         except (TypeError, ValueError) as exc:
             raise HarnessError(f"results.json is invalid: {exc}") from None
+
+    @property
+    def drill_verdict(self) -> str | None:
+        """A drill's verdict: FAIL if an expectation was not met, else its run's INCONCLUSIVE, else PASS.
+
+        Every expectation met means nothing when the run judged too little; None for a run that is no drill.
+        """
+        if self.drill is None:
+            return None
+        if not self.drill.passed:
+            return FAIL
+        return INCONCLUSIVE if self.verdict.verdict == INCONCLUSIVE else PASS
 
     @classmethod
     def from_json(cls, source: str | Path) -> Results:

@@ -4,11 +4,12 @@ By default the job is sotw's own pipeline. ``JobSpec`` describes any other: a co
 starts, stops, kills and restarts (``--pipeline-cmd``) or a job already running (``--attach``); where its
 position is read for lag (its Spark checkpoint, or its consumer group's committed offsets: ``--lag-from``);
 and which output contract and format the verifier reads (``--contract``, ``--format``). ``job_parts`` turns
-it into the process, the probes and the output the runner uses.
+it into the process, the probes and the output a run uses (``loadtest.run.driver``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -96,6 +97,31 @@ class JobSpec:
         if self.command is not None:
             self.template()  # a bad template fails here, before any load
 
+    def to_dict(self) -> dict[str, Any]:
+        """The spec as JSON-ready values (``from_dict`` reads them back)."""
+        return {
+            "command": self.command,
+            "attach": self.attach,
+            "output": str(self.output) if self.output is not None else None,
+            "lag_from": f"{self.lag_from.kind}:{self.lag_from.value}" if self.lag_from is not None else None,
+            "contract": self.contract,
+            "format": self.format,
+            "ignore_columns": list(self.ignore_columns),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> JobSpec:
+        """The spec ``to_dict`` wrote (checked again)."""
+        return cls(
+            command=data.get("command"),
+            attach=bool(data.get("attach")),
+            output=Path(data["output"]) if data.get("output") else None,
+            lag_from=LagFrom.parse(data["lag_from"]) if data.get("lag_from") else None,
+            contract=data.get("contract", "full"),
+            format=data.get("format", "auto"),
+            ignore_columns=tuple(data.get("ignore_columns") or ()),
+        )
+
     def template(self) -> CommandTemplate | None:
         """The checked command template, if there is one."""
         if self.command is None:
@@ -129,19 +155,29 @@ class JobParts:
     probes: dict[str, Probe]
 
 
-def job_parts(
+def kafka_flags(kafka: KafkaConfig) -> tuple[str, ...]:
+    """``sotw pipeline``'s ``-X KEY=VALUE`` flags for the cluster's client settings."""
+    flags: list[str] = []
+    for key, value in kafka.settings.items():
+        flags += ["-X", f"{key}={value}"]
+    return tuple(flags)
+
+
+def job_process(
     job: JobSpec | None,
     profile: Profile,
     kafka: KafkaConfig,
-    run_dir: Path,
+    root: Path,
     prefix: str,
     extra_args: tuple[str, ...],
-) -> JobParts:
-    """The process, output and probes for one run of ``job`` (None: ``sotw pipeline``)."""
+    run_dir: Path | None = None,
+) -> PipelineProcess:
+    """The job's process, writing its output, checkpoint and log under ``root`` (not started).
+
+    ``sotw pipeline`` (None, or a spec without a command), a template's command, or a job already running.
+    """
     job = job or JobSpec()
-    root = run_dir / "pipeline"
-    ours = job.command is None and not job.attach
-    if ours and job.format == "delta":
+    if job.command is None and not job.attach and job.format == "delta":
         extra_args = (*extra_args, "--format", "delta")
     config = PipelineProcessConfig(
         bootstrap=kafka.bootstrap,
@@ -155,11 +191,36 @@ def job_parts(
         run_dir=run_dir,
     )
     log_path = root / "pipeline.log"
-    process: PipelineProcess = (
-        AttachedPipeline(config, log_path) if job.attach else PipelineProcess(config, log_path)
-    )
+    return AttachedPipeline(config, log_path) if job.attach else PipelineProcess(config, log_path)
+
+
+def job_parts(
+    job: JobSpec | None,
+    profile: Profile,
+    kafka: KafkaConfig,
+    run_dir: Path,
+    prefix: str,
+    extra_args: tuple[str, ...],
+    running: PipelineProcess | None = None,
+) -> JobParts:
+    """The process, output and probes for one run of ``job`` (None: ``sotw pipeline``).
+
+    ``running`` is a process that serves several runs (a Locust session's own pipeline, or the job it
+    attached to): its output holds every run's topics, so the run watches and verifies only its own
+    (``prefix``).
+    """
+    job = job or JobSpec()
+    root = run_dir / "pipeline"
+    ours = job.command is None and not job.attach
+    process = running or job_process(job, profile, kafka, root, prefix, extra_args, run_dir)
+    config = process.config
     output = OutputSpec(
-        config.output, job.contract, job.format, seen=root / "output_seen.json", ignored=job.ignore_columns
+        config.output,
+        job.contract,
+        job.format,
+        seen=root / "output_seen.json",
+        ignored=job.ignore_columns,
+        topic_prefix=prefix if running is not None else None,
     )
     source: LagSource
     if job.lag_from is None:
@@ -168,7 +229,8 @@ def job_parts(
         source = CheckpointLag(Path(job.lag_from.value))
     else:
         source = GroupLag(kafka, job.lag_from.value)
-    probes: dict[str, Probe] = {"lag": KafkaLagProbe(kafka, config.pattern, source, report_consumed=not ours)}
+    pattern = topic_pattern(prefix)
+    probes: dict[str, Probe] = {"lag": KafkaLagProbe(kafka, pattern, source, report_consumed=not ours)}
     if ours:
         probes["progress"] = ProgressProbe(config.output / "progress.jsonl")
     elif isinstance(source, CheckpointLag):

@@ -18,10 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from loadtest.correctness.stops import JobExit, last_error
 from loadtest.gameday.recovery import Stop
 from loadtest.measure.samplers import Sampler
 from loadtest.reports.results import Phase
-from loadtest.run.processes import PipelineProcess
+from loadtest.run.processes import AttachedPipeline, PipelineProcess
 from loadtest.run.profile import Profile
 from loadtest.run.stage import RunStage, SimulatorControls
 
@@ -247,6 +248,16 @@ class Lifecycle:
         self.clock.close()
         if self.pipe is not None and not self.pipe.alive():
             self._pipeline_exited("")
+
+    def job_exit(self) -> JobExit | None:
+        """How the job ended, for the verifier: on its own or stopped by the harness, its code, its last error.
+
+        None for a job the harness attached to: it neither started nor stopped it.
+        """
+        pipe = self.pipe
+        if pipe is None or isinstance(pipe, AttachedPipeline):
+            return None
+        return JobExit(self.pipeline_failed is not None, pipe.returncode(), last_error(pipe.log_path))
 
     def _pipeline_exited(self, when: str) -> None:
         if self.pipeline_failed is not None or self.pipe is None:

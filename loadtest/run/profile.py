@@ -248,6 +248,11 @@ class RunSettings:
         this; None for no bound.
     pipeline_start_timeout_s
         How long Spark may take to start.
+    min_judged
+        The share of sessions the verifier must have judged for the run to PASS; below it the run is
+        INCONCLUSIVE (``sotw run --min-judged``).
+    min_steady_triggers
+        The pipeline triggers the steady phase must last for the run to PASS; fewer is INCONCLUSIVE.
     """
 
     warmup_s: float = 15.0
@@ -256,6 +261,8 @@ class RunSettings:
     max_lag_s: float = 15.0
     max_end_to_end_p99_s: float | None = None
     pipeline_start_timeout_s: float = 120.0
+    min_judged: float = 0.9
+    min_steady_triggers: int = 10
 
     def __post_init__(self) -> None:
         for name in (
@@ -271,6 +278,17 @@ class RunSettings:
                 continue
             if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
                 raise HarnessError(f"run.{name} must be a number >= 0, got {value!r}")
+        share = self.min_judged
+        if isinstance(share, bool) or not isinstance(share, int | float) or not 0 <= share <= 1:
+            raise HarnessError(f"run.min_judged must be a share between 0 and 1, got {share!r}")
+        if (
+            isinstance(self.min_steady_triggers, bool)
+            or not isinstance(self.min_steady_triggers, int)
+            or (self.min_steady_triggers < 0)
+        ):
+            raise HarnessError(
+                f"run.min_steady_triggers must be a whole number >= 0, got {self.min_steady_triggers!r}"
+            )
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,10 @@ The phases are those of a game day: a **warm-up** (the JVM compiles, the first b
 pipeline has caught up). Then the harness waits for quiet sessions to time out, stops the pipeline gracefully,
 verifies its output against the ledger and writes ``results.json`` and the report. Ctrl-C at any point stops
 every part cleanly and still writes a partial report, marked as interrupted.
+
+The run itself is ``loadtest.run.driver.RunDriver``, which a Locust run drives too; ``LocalRun`` is its host
+here: the load is the harness's own simulator thread, progress is lines, and the end of the steady phase ends
+the load.
 """
 
 from __future__ import annotations
@@ -15,23 +19,21 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from loadtest.correctness.verify import verify_run
 from loadtest.errors import HarnessError
 from loadtest.gameday.incident import BrokerControl, Incident
-from loadtest.gameday.incidents import Schedule
-from loadtest.measure import figures
-from loadtest.measure.figures import Outcome
-from loadtest.measure.samplers import ResourceProbe, Sampler, ThreadCpuProbe
+from loadtest.measure.samplers import Probe, ThreadCpuProbe
 from loadtest.reports.results import Results
-from loadtest.run.job import JobSpec, job_parts
-from loadtest.run.phases import DRAIN, SETTLE, STEADY, WARMUP, Lifecycle, PhaseClock, data_loss_reports
+from loadtest.run.driver import PidsOf, RunDriver, RunSetup
+from loadtest.run.job import JobSpec, job_parts, kafka_flags
+from loadtest.run.phases import DRAIN, SETTLE, STEADY, WARMUP, PhaseClock
 from loadtest.run.profile import Profile
-from loadtest.run.stage import BrokerCommands, CommandControl, LocalControl, RunStage
+from loadtest.run.stage import BrokerCommands, CommandControl, LocalControl, RunStage, SimulatorControls
 from simulator.producer import Simulator
 from sotw.broker import local_broker
 from sotw.kafka import KafkaConfig
@@ -140,174 +142,172 @@ def execute(request: RunRequest, stop: threading.Event | None = None, progress: 
             kafka = request.kafka
             broker_pids = lambda: None  # noqa: E731 - a remote broker's CPU is not ours to measure
             control = CommandControl(request.broker_commands) if request.broker_commands else None
-        return _run(request, kafka, broker_pids, control, clock, stop, progress)
+        return LocalRun(request, kafka, broker_pids, control, clock, stop, progress).run()
     raise AssertionError("unreachable")  # pragma: no cover - ExitStack does not swallow exceptions here
 
 
-def _run(
-    request: RunRequest,
-    kafka: KafkaConfig,
-    broker_pids: Callable[[], list[int] | None],
-    control: BrokerControl | None,
-    clock: PhaseClock,
-    stop: threading.Event,
-    progress: Progress,
-) -> Results:
-    profile, run_dir = request.profile, request.run_dir
-    tag = secrets.token_hex(3)
-    # A run-specific topic prefix: runs sharing a cluster (bench, capacity, --bootstrap) never read each other.
-    # A job the harness attached to subscribed before the run, to the profile's own prefix.
-    attached = request.job is not None and request.job.attach
-    prefix = profile.simulator.topic_prefix if attached else f"{profile.simulator.topic_prefix}{tag}-"
-    settings = profile.run
-    sim_config = profile.simulator.replace(
-        topic_prefix=prefix,
-        load_factor=request.load_factor,
-        # The harness ends the load itself: the warm-up lasts until the pipeline has finished a batch.
-        duration_s=None,
-        max_messages=None,
-    )
-    job = job_parts(
-        request.job, profile, kafka, run_dir, prefix, ("-q", *_kafka_flags(kafka), *request.pipeline_args)
-    )
-    pipe = job.process
-    simulator = Simulator(sim_config, kafka, run_dir)
-    sampler = Sampler(
-        {
-            "simulator": _SimulatorProbe(simulator),
-            **job.probes,
-            "resources": ResourceProbe(
-                {
-                    "broker": broker_pids,
-                    "pipeline": lambda: pipe.pid if pipe.proc is not None and pipe.alive() else None,
-                    "harness": os.getpid,
-                },
-                alone=("harness",),  # the harness's children are the broker and the pipeline
+class LocalRun(RunDriver):
+    """A run whose load is the harness's own simulator thread, shown as progress lines (``execute``).
+
+    The load ends when the steady phase has lasted its time and its incidents are over, or on ``stop``.
+    """
+
+    def __init__(
+        self,
+        request: RunRequest,
+        kafka: KafkaConfig,
+        broker_pids: Callable[[], list[int] | None],
+        control: BrokerControl | None,
+        clock: PhaseClock,
+        stop: threading.Event,
+        progress: Progress,
+    ) -> None:
+        profile, run_dir = request.profile, request.run_dir
+        # A run-specific topic prefix: runs sharing a cluster (bench, capacity, --bootstrap) never read each
+        # other. A job the harness attached to subscribed before the run, to the profile's own prefix.
+        attached = request.job is not None and request.job.attach
+        tag = secrets.token_hex(3)
+        prefix = profile.simulator.topic_prefix if attached else f"{profile.simulator.topic_prefix}{tag}-"
+        self.request = request
+        self.progress = progress
+        self.simulator = Simulator(
+            profile.simulator.replace(
+                topic_prefix=prefix,
+                load_factor=request.load_factor,
+                # The harness ends the load itself: the warm-up lasts until the pipeline has finished a batch.
+                duration_s=None,
+                max_messages=None,
             ),
-            # Last: after the probes above have closed their short-lived Kafka clients.
-            "threads": ThreadCpuProbe(simulator_thread="sotw-simulator"),
-        },
-        run_dir / "samples.jsonl",
-        phase=lambda: clock.current,
-    )
-    stage = RunStage(simulator, pipe, control, profile, request.load_factor, topic_prefix=prefix)
-    schedule = Schedule(request.all_incidents, stage, progress)
-    sim_stop = threading.Event()
-    announce = {
-        WARMUP: f"warm-up: {request.target_rate:,.0f} msg/s ({request.load_factor:g}x) for {settings.warmup_s:g} s",
-        STEADY: f"steady: measuring for {settings.steady_s:g} s",
-    }
-    waits = {
-        DRAIN: "drain: load stopped; waiting up to {:g} s for the pipeline to catch up",
-        SETTLE: "settle: waiting {:g} s for the sessions the load left open to time out in the pipeline",
-    }
-
-    def said(line: str) -> None:
-        if line:
-            progress(line)
-
-    @contextlib.contextmanager
-    def waiting(phase: str, limit_s: float) -> Iterator[None]:
-        progress(waits[phase].format(limit_s))
-        yield
-
-    def failed(message: str) -> None:
-        progress(message)
-        sim_stop.set()  # nothing left to measure; the verdict says why
-
-    life = Lifecycle(
-        profile,
-        sampler,
-        simulator,
-        stage,
-        pipe,
-        on_phase=lambda name: said(announce.get(name, "")),
-        on_pipeline_failed=failed,
-        clock=clock,
-    )
-    interrupted = False
-    drain_s: float | None = None
-    sim_error: list[BaseException] = []
-    try:
-        progress(
-            f"starting the pipeline ({profile.pipeline.policy} policy, trigger {profile.pipeline.trigger})"
+            kafka,
+            run_dir,
         )
-        pipe.start()
-        pipe.wait_ready(settings.pipeline_start_timeout_s)
-        sampler.start()
-        # The probes' Kafka clients start their threads in the first sample: before the simulator's, which
-        # the harness-overhead figures tell apart by when they start.
-        sampler.wait_first_row(10.0)
+        self.sim_stop = threading.Event()
+        job = job_parts(
+            request.job, profile, kafka, run_dir, prefix, ("-q", *kafka_flags(kafka), *request.pipeline_args)
+        )
+        setup = RunSetup(
+            profile,
+            run_dir,
+            kafka,
+            prefix,
+            job,
+            load_factor=request.load_factor,
+            incidents=request.all_incidents,
+            broker=control,
+            broker_pids=broker_pids,
+            command=request.command,
+        )
+        super().__init__(setup, stop, clock)
+
+    # ------------------------------------------------------------------------------------ the load
+
+    def controls(self) -> SimulatorControls:
+        """The simulator's own controls."""
+        return self.simulator
+
+    def load_probe(self) -> Probe:
+        """The simulator's counters."""
+        return _SimulatorProbe(self.simulator)
+
+    def make_stage(self) -> RunStage:
+        """The simulator, the job and the broker."""
+        assert self.pipe is not None
+        return RunStage(
+            self.simulator,
+            self.pipe,
+            self.setup.broker,
+            self.profile,
+            self.request.load_factor,
+            topic_prefix=self.prefix,
+        )
+
+    def process_pids(self) -> dict[str, PidsOf]:
+        """The harness process itself: the simulator and the samplers run in it."""
+        return {"harness": os.getpid}
+
+    def more_probes(self) -> dict[str, Probe]:
+        """The CPU of this process's threads, the simulator's told apart from the sampler's."""
+        return {"threads": ThreadCpuProbe(simulator_thread="sotw-simulator")}
+
+    # ---------------------------------------------------------------------------------- progress
+
+    def on_phase(self, name: str) -> None:
+        """Announce the warm-up and the steady phase."""
+        settings = self.profile.run
+        if name == WARMUP:
+            self.progress(
+                f"warm-up: {self.request.target_rate:,.0f} msg/s ({self.request.load_factor:g}x) "
+                f"for {settings.warmup_s:g} s"
+            )
+        elif name == STEADY:
+            self.progress(f"steady: measuring for {settings.steady_s:g} s")
+
+    def on_pipeline_failed(self, message: str) -> None:
+        """Say so and end the load: nothing is left to measure; the verdict says why."""
+        self.progress(message)
+        self.sim_stop.set()
+
+    def say(self, line: str) -> None:
+        """A progress line."""
+        self.progress(line)
+
+    def watch(self, phase: str, limit_s: float) -> AbstractContextManager[None]:
+        """Say what the wait is for."""
+        self.progress(_WAITS[phase].format(limit_s))
+        return contextlib.nullcontext()
+
+    def on_step(self, step: str, detail: str) -> None:
+        """A progress line."""
+        self.progress(detail)
+
+    # ------------------------------------------------------------------------------------- the run
+
+    def run(self) -> Results:
+        """Start the job, run the load until the steady phase is over (or ``stop``), then the verdict.
+
+        Raises
+        ------
+        HarnessError
+            If the job cannot be started or the simulator fails (every part is stopped first).
+        """
+        interrupted = False
+        sim_error: list[BaseException] = []
 
         def produce() -> None:
             try:
-                simulator.run(sim_stop)
+                self.simulator.run(self.sim_stop)
             except BaseException as exc:  # reported by the main thread
                 sim_error.append(exc)
 
-        producer = threading.Thread(target=produce, name="sotw-simulator", daemon=True)
-        life.start_load()
-        producer.start()
-        while producer.is_alive():
-            if life.tick() and schedule.incidents:
-                schedule.start()
-            if life.steady_over() and (not schedule.is_alive() or schedule.done()):
-                sim_stop.set()
-            if stop.is_set():
-                interrupted = True
-                sim_stop.set()
-            producer.join(0.25)
-        if sim_error:
-            raise HarnessError(f"the simulator failed: {sim_error[0]}") from sim_error[0]
-        if interrupted:
-            life.end_load()
-        else:
-            drain_s = life.wind_down(stop, waiting)
-            interrupted = stop.is_set()
-    except KeyboardInterrupt:
-        interrupted = True
-    finally:
-        schedule.stop()
-        life.finish()
-        sampler.stop()
-        code = pipe.stop()
-        progress(f"pipeline stopped (exit code {code})")
-    pipeline_failed, stopped = life.pipeline_failed, life.stopped
-    progress("verifying the output against the ledger")
-    policy = profile.pipeline.verifier_policy(timeouts_expire=not interrupted and drain_s is not None)
-    verify_cpu0 = time.process_time()
-    correctness = verify_run(
-        run_dir, job.output, policy, kafka, pipeline_stopped=pipeline_failed is not None, progress=progress
-    )
-    outcome = Outcome(
-        profile=profile,
-        load_factor=request.load_factor,
-        run_dir=run_dir,
-        command=request.command,
-        bootstrap=kafka.bootstrap,
-        started_ms=clock.started_ms,
-        phases=clock.phases,
-        samples=sampler.rows,
-        correctness=correctness,
-        drain_s=drain_s,
-        pipeline_failed=pipeline_failed,
-        interrupted=interrupted,
-        verify_cpu_s=time.process_time() - verify_cpu0,
-        incidents=schedule.records,
-        stopped=stopped,
-        data_loss_reports=data_loss_reports(pipe.log_path),
-        output_spec=job.output,
-    )
-    results = figures.results(outcome)
-    results.to_json(run_dir / "results.json")
-    return results
+        try:
+            self.start_job()
+            # The probes' Kafka clients start their threads in the first sample: before the simulator's, which
+            # the harness-overhead figures tell apart by when they start.
+            self.begin(first_sample_s=10.0)
+            producer = threading.Thread(target=produce, name="sotw-simulator", daemon=True)
+            producer.start()
+            while producer.is_alive():
+                self.tick()
+                if self.load_done():
+                    self.sim_stop.set()
+                if self.stop.is_set():
+                    interrupted = True
+                    self.sim_stop.set()
+                producer.join(0.25)
+            if sim_error:
+                raise HarnessError(f"the simulator failed: {sim_error[0]}") from sim_error[0]
+        except KeyboardInterrupt:
+            interrupted = True
+        except BaseException:
+            self.close()
+            raise
+        return self.finish(interrupted)
 
 
-def _kafka_flags(kafka: KafkaConfig) -> list[str]:
-    flags: list[str] = []
-    for key, value in kafka.settings.items():
-        flags += ["-X", f"{key}={value}"]
-    return flags
+_WAITS = {
+    DRAIN: "drain: load stopped; waiting up to {:g} s for the pipeline to catch up",
+    SETTLE: "settle: waiting {:g} s for the sessions the load left open to time out in the pipeline",
+}
 
 
 class _SimulatorProbe:

@@ -289,7 +289,11 @@ class Output:
         )
         return self
 
-    def dead_letter(self, spec: SessionSpec, offset: int, batch: int = 0) -> Output:
+    def dead_letter(self, spec: SessionSpec, offset: int, batch: int = 0, reported: bool = True) -> Output:
+        """Quarantine the malformed copy at ``offset``: its dead letter and (``reported``) its integrity record."""
+        if reported:
+            self.violation(spec, "malformed", batch=batch)
+            self.integrity[-1]["offset"] = offset
         self.dead_letters.append(
             {
                 "session": spec.session,

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-LOCUSTFILE = Path(__file__).resolve().parents[2] / "loadtest" / "locustfile.py"
+LOCUSTFILE = Path(__file__).resolve().parents[2] / "loadtest" / "locust" / "locustfile.py"
 
 
 def free_port() -> int:

@@ -14,6 +14,7 @@ from loadtest.measure.figures import Outcome, results
 from loadtest.reports.display import key_numbers
 from loadtest.reports.results import Phase
 from loadtest.run.profile import load_profile
+from simulator import FaultConfig
 from tests.loadtest.builders import T0, Output, SessionSpec, ledger_rows, write_run
 
 # One session whose messages are meant every 100 ms from T0 (seq s at T0 + 100 s). The steady phase starts
@@ -49,7 +50,14 @@ def outcome(tmp_path: Path) -> Outcome:
         sample(T0 + 700, "steady", lag_age_s=1.5, lag_offsets=200, sent=1800, consumed=1700),
         sample(T0 + 1500, "drain", lag_age_s=0.0, lag_offsets=0, sent=1800, consumed=1800),
     ]
-    profile = load_profile("smoke")
+    # The smoke profile without its faults, whose 0.4 s steady phase is all a verdict needs: this run's figures
+    # are what these tests look at (the floor on what a verdict needs has tests of its own, below).
+    smoke = load_profile("smoke")
+    profile = dataclasses.replace(
+        smoke,
+        simulator=smoke.simulator.replace(faults=FaultConfig()),
+        run=dataclasses.replace(smoke.run, min_steady_triggers=0),
+    )
     correctness = verify_run(run_dir, run_dir / "pipeline" / "output", Policy("ordered"))
     return Outcome(
         profile=profile,
@@ -129,3 +137,48 @@ def test_an_end_to_end_bound_fails_the_run_naming_the_steady_p99(tmp_path: Path)
     assert result.verdict.reasons == [
         "end-to-end latency p99 of the messages meant for the steady phase 0.7 s > 0.5 s"
     ]
+
+
+# ------------------------------------------------------------------------- what a verdict needs judged
+
+
+def with_run(base: Outcome, **settings: Any) -> Outcome:
+    return dataclasses.replace(
+        base, profile=dataclasses.replace(base.profile, run=dataclasses.replace(base.profile.run, **settings))
+    )
+
+
+def test_a_steady_phase_shorter_than_the_stated_triggers_is_inconclusive(tmp_path: Path) -> None:
+    result = results(with_run(outcome(tmp_path), min_steady_triggers=10))
+    assert result.verdict.verdict == "INCONCLUSIVE"
+    (reason,) = result.verdict.reasons
+    assert "steady phase lasted 0 triggers, fewer than the 10" in reason
+
+
+def test_a_fault_kind_the_profile_injects_that_never_reached_the_broker_is_inconclusive(
+    tmp_path: Path,
+) -> None:
+    base = outcome(tmp_path)
+    faulty = dataclasses.replace(
+        base.profile, simulator=base.profile.simulator.replace(faults=FaultConfig(malformed=0.01))
+    )
+    result = results(dataclasses.replace(base, profile=faulty))
+    assert result.verdict.verdict == "INCONCLUSIVE"
+    assert result.verdict.reasons == [
+        "the profile injects malformed faults (rate 0.01) but none reached the broker: how the job meets them "
+        "was not seen; lengthen the run or raise the rate"
+    ]
+
+
+def test_too_few_sessions_judged_is_inconclusive_and_the_floor_is_a_setting(tmp_path: Path) -> None:
+    base = outcome(tmp_path)
+    unjudged = dataclasses.replace(base.correctness, sessions_judged=0)
+    result = results(dataclasses.replace(base, correctness=unjudged))
+    assert result.verdict.verdict == "INCONCLUSIVE"
+    assert result.verdict.reasons[0].startswith("0 of 1 sessions judged (0%), under the 90%")
+    assert results(with_run(dataclasses.replace(base, correctness=unjudged), min_judged=0)).verdict.passed
+
+
+def test_a_failure_is_a_fail_whatever_was_judged(tmp_path: Path) -> None:
+    base = with_run(outcome(tmp_path), min_steady_triggers=10, max_end_to_end_p99_s=0.5)
+    assert results(base).verdict.verdict == "FAIL"

@@ -1,31 +1,42 @@
 """The Locust side's small parts: shapes, users to load, aggregated request events, the UI's login guard.
 
 And Stop's: a Start refused while a run is being verified, the runner's state as the UI polls it during a
-stop, and the verification's progress in the Correctness tab.
+stop, and the verification's progress in the Correctness tab. And the job under test: ``sotw run``'s flags,
+carried to the harness process, and which job each run starts or shares.
 """
 
 from __future__ import annotations
 
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import gevent
 import pytest
 from locust import User, constant, events, task
+from locust.argument_parser import LocustArgumentParser
 from locust.env import Environment
 
+from loadtest.cli import _parser as harness_parser
 from loadtest.errors import HarnessError
 from loadtest.locust.conductor import Conductor
 from loadtest.locust.driver import ACK_NAME, REQUEST_TYPE, count_aggregated, fire_acks
 from loadtest.locust.fleetplan import LiveConfig, part_config, process_factor, users_for
-from loadtest.locust.locustfile import SensorLoad, cache_locust_defaults
+from loadtest.locust.liverun import run_job
+from loadtest.locust.locustfile import SensorLoad, add_options, cache_locust_defaults, job_of
 from loadtest.locust.runview import RunView
 from loadtest.locust.settings import LocustSettings
 from loadtest.locust.shapes import make_shape
 from loadtest.locust.webui import correctness_rows, install
+from loadtest.reports.results import Results
+from loadtest.run.job import JobSpec, LagFrom, job_process
+from loadtest.run.jobargs import job_from_args
+from loadtest.run.processes import PipelineProcess
 from loadtest.run.profile import load_profile
+from sotw.errors import SotwError
+from sotw.kafka import KafkaConfig
 
 
 def test_step_climbs_from_1x_to_10x_in_equal_stages_then_ends() -> None:
@@ -211,3 +222,113 @@ def test_a_worker_builds_locust_s_option_defaults_once_and_runs_without_the_cach
     with caplog.at_level("WARNING", logger="sotw.locust"):
         assert not cache_locust_defaults()
     assert "has no argument_parser.default_args_dict" in caplog.text
+
+
+JOB_FLAGS = (
+    "--pipeline-cmd",
+    "--attach",
+    "--output",
+    "--lag-from",
+    "--contract",
+    "--format",
+    "--ignore-column",
+)
+TEAM_JOB = "{python} job.py --bootstrap {bootstrap} --topics {pattern} --out {output} --group g"
+
+
+def locust_options(*args: str) -> Any:
+    """What Locust's parser, with sotw's options added, makes of ``args``."""
+    parser = LocustArgumentParser()
+    add_options(parser)
+    return parser.parse_args(list(args))
+
+
+def test_sotw_locust_takes_sotw_run_s_job_flags_with_their_names_and_help_and_keeps_them_out_of_the_start_form() -> (
+    None
+):
+    parser = LocustArgumentParser()
+    add_options(parser)
+    run = {s: a for a in harness_parser("run")._actions for s in a.option_strings}
+    on_locust = {s: a for a in parser._actions for s in a.option_strings}
+    for flag in (*JOB_FLAGS, "--source", "--min-judged"):
+        assert (on_locust[flag].dest, on_locust[flag].help) == (run[flag].dest, run[flag].help), flag
+    assert not {on_locust[f].dest for f in (*JOB_FLAGS, "--source", "--min-judged")} & set(
+        parser.args_included_in_web_ui
+    )
+
+    flags = [
+        "--pipeline-cmd",
+        TEAM_JOB,
+        "--contract",
+        "tables",
+        "--lag-from",
+        "group:g",
+        "--ignore-column",
+        "x",
+    ]
+    assert job_of(locust_options(*flags)) == job_from_args(harness_parser("run").parse_args(flags))
+
+
+def test_a_pipeline_given_by_its_output_and_checkpoint_is_a_job_attached_to() -> None:
+    given = locust_options("--no-pipeline", "--pipeline-output", "/o", "--pipeline-checkpoint", "/c")
+    assert job_of(given) == JobSpec(attach=True, output=Path("/o"), lag_from=LagFrom("checkpoint", "/c"))
+    assert job_of(locust_options("--no-pipeline")) is None
+    with pytest.raises(SotwError, match="exclude each other"):
+        job_of(locust_options("--no-pipeline", "--pipeline-cmd", TEAM_JOB + " --checkpoint {checkpoint}"))
+    with pytest.raises(SotwError, match="go together"):
+        job_of(locust_options("--no-pipeline", "--pipeline-output", "/o"))
+
+
+def test_the_job_reaches_the_harness_process_through_its_config(tmp_path: Path) -> None:
+    job = JobSpec(command=TEAM_JOB, lag_from=LagFrom("group", "g"), contract="tables", ignore_columns=("x",))
+    config = LiveConfig(str(tmp_path), "smoke", source="spark-kafka", job=job, pipeline=False)
+    read = LiveConfig.read(config.write(tmp_path / "live.json"))
+    assert read == config and read.load_profile().pipeline.source == "spark-kafka"
+
+
+@dataclass
+class FakeSession:
+    """What a run takes from its Locust session (``loadtest.locust.liverun.Session``), without starting it."""
+
+    config: LiveConfig
+    kafka: KafkaConfig
+    profile: Any
+    dir: Path
+    prefix: str = "sotw-sensor-abc123-"
+    pipeline: PipelineProcess | None = None
+
+
+def test_a_team_s_job_is_the_run_s_own_and_sotw_s_shared_pipeline_is_read_on_the_run_s_topics_only(
+    tmp_path: Path, kafka: KafkaConfig
+) -> None:
+    profile = load_profile("smoke")
+    team = JobSpec(command=TEAM_JOB, lag_from=LagFrom("group", "g"), contract="tables")
+    session = FakeSession(LiveConfig(str(tmp_path), "smoke", job=team), kafka, profile, tmp_path)
+    run_dir, prefix = tmp_path / "run-2", f"{session.prefix}run-2-"
+    job, owns = run_job(session, run_dir, prefix)
+    assert owns and job is not None and job.output.path == run_dir / "pipeline" / "output"
+    assert job.output.topic_prefix is None, "the job's output holds only this run's data"
+    argv = job.process.config.argv()
+    assert argv[argv.index("--topics") + 1] == f"^{prefix}.*" and str(run_dir / "pipeline" / "output") in argv
+
+    shared = job_process(None, profile, kafka, tmp_path / "pipeline", session.prefix, (), tmp_path)
+    session = FakeSession(LiveConfig(str(tmp_path), "smoke"), kafka, profile, tmp_path, pipeline=shared)
+    job, owns = run_job(session, run_dir, prefix)
+    assert not owns and job is not None and job.process is shared
+    assert (job.output.path, job.output.topic_prefix) == (tmp_path / "pipeline" / "output", prefix)
+
+
+def test_a_headless_run_whose_only_broken_threshold_is_an_inconclusive_verdict_exits_4() -> None:
+    from loadtest.locust.headless import EXIT_CODE, exit_code_of
+    from loadtest.reports.results import RunInfo, Verdict
+
+    def run(verdict: str) -> Results:
+        return Results(RunInfo("r", 0, 0, 1.0, "ordered"), Verdict(verdict, ["why"]))
+
+    unsure = ["--check-verdict: INCONCLUSIVE: why"]
+    assert exit_code_of(unsure, run("INCONCLUSIVE")) == 4
+    assert (
+        exit_code_of([*unsure, "lag age max 9.0 s is not below --check-lag-age 5 s"], run("INCONCLUSIVE"))
+        == 3
+    )
+    assert exit_code_of(["--check-verdict: FAIL: why"], run("FAIL")) == EXIT_CODE == 3

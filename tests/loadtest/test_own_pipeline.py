@@ -41,7 +41,7 @@ trigger = "1s"
 session_timeout = "2s"
 [profiles.{name}.run]
 warmup_s = 3
-steady_s = 6
+steady_s = 10
 drain_max_s = 180
 max_lag_s = 600
 """
@@ -147,7 +147,7 @@ def test_sotw_s_own_pipeline_writing_delta_passes_the_full_contract(
 
     smoke = load_profile("smoke")
     profile = dataclasses.replace(
-        smoke, run=dataclasses.replace(smoke.run, steady_s=5.0, max_lag_s=600, max_end_to_end_p99_s=None)
+        smoke, run=dataclasses.replace(smoke.run, steady_s=10.0, max_lag_s=600, max_end_to_end_p99_s=None)
     )
     result = execute(RunRequest(profile, 1.0, tmp_path / "run", kafka, job=JobSpec(format="delta")))
 

@@ -43,7 +43,7 @@ trigger = "1s"
 session_timeout = "2s"
 [profiles.plain.run]
 warmup_s = 3
-steady_s = 8
+steady_s = 10
 drain_max_s = {drain}
 pipeline_start_timeout_s = {start}
 max_lag_s = 600

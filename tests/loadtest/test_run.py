@@ -140,7 +140,7 @@ def test_every_fault_kind_passes_and_one_value_changed_in_a_faulted_session_fail
     faulty = dataclasses.replace(
         smoke,
         simulator=dataclasses.replace(smoke.simulator, faults=faults, session_interval_s=2.0),
-        run=dataclasses.replace(smoke.run, steady_s=8.0),
+        run=dataclasses.replace(smoke.run, steady_s=10.0),
     )
     run_dir = tmp_path / "run"
     result = execute(RunRequest(faulty, 1.0, run_dir, kafka))

@@ -84,3 +84,25 @@ def test_threads_started_with_the_simulator_count_as_its_cpu_even_after_they_end
     assert spent("sampler") == pytest.approx(0.1, abs=0.06)
     assert spent("other") < 0.1
     assert after["threads_cpu_s_process"] - before["threads_cpu_s_process"] >= 0.45
+
+
+def test_a_file_a_job_writes_again_in_place_has_no_first_seen_time_for_its_rows(tmp_path) -> None:
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from loadtest.measure.outputs import FilesOutputProbe
+
+    out, seen = tmp_path / "table", tmp_path / "seen.json"
+    out.mkdir()
+    pq.write_table(pa.table({"row_id": [1, 2]}), out / "once.parquet")
+    pq.write_table(pa.table({"row_id": [1]}), out / "table.parquet")
+    probe = FilesOutputProbe(out, seen)
+    assert probe.sample() == {"written_changes": 3}
+    time.sleep(0.01)
+    pq.write_table(pa.table({"row_id": [1, 2, 3]}), out / "table.parquet")  # the whole table, rewritten
+    assert probe.sample() == {"written_changes": 5}
+    probe.close()
+    # Dated by its first version, the rewritten file's rows would seem visible before they were written.
+    assert set(json.loads(seen.read_text())) == {"once.parquet"}

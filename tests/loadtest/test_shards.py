@@ -8,11 +8,14 @@ from pathlib import Path
 import pytest
 
 from loadtest.correctness.policies import Policy
+from loadtest.correctness.stops import JobExit
 from loadtest.correctness.verify import verify_run
 from loadtest.reports.results import Correctness
 from tests.loadtest.builders import Output, SessionSpec, ledger_rows, write_run
 
 CLEAN = [(s, "none") for s in range(7)]
+#: A job the harness stopped at the end of the run.
+KEPT_RUNNING = JobExit(on_its_own=False, code=0)
 
 # Four sensors, one with two sessions, and what went wrong in each.
 LOST = SessionSpec("lost", "0001")  # the pipeline lost a row
@@ -45,7 +48,7 @@ def write_output(root: Path) -> Path:
     out.dead_letter(FAULTS, offset=2)
     # Rows under sensors the ledger does not have: a session of its own, and a false report about a known
     # session filed under no sensor at all.
-    out.apply(GHOST, 0).dead_letter(GHOST, offset=0)
+    out.apply(GHOST, 0).dead_letter(GHOST, offset=0, reported=False)
     out.violation(LOST, "duplicate", got=5)
     out.integrity[-1]["sensor"] = "__HIVE_DEFAULT_PARTITION__"
     return out.write(root)
@@ -73,11 +76,9 @@ def test_sensors_verified_one_at_a_time_get_the_verdict_of_the_whole_run(
     tmp_path: Path, layout: str, policy: str
 ) -> None:
     run, out = write(tmp_path, layout)
-    whole = verify_run(run, out, Policy(policy), pipeline_stopped=False)
+    whole = verify_run(run, out, Policy(policy), job_exit=KEPT_RUNNING)
     heard: list[str] = []
-    sharded = verify_run(
-        run, out, Policy(policy), pipeline_stopped=False, progress=heard.append, shard_rows=1
-    )
+    sharded = verify_run(run, out, Policy(policy), job_exit=KEPT_RUNNING, progress=heard.append, shard_rows=1)
     assert [h for h in heard if "(shard" in h] == [
         f"verifying sensor {i} of 4 (shard {i} of 4)" for i in range(1, 5)
     ]
@@ -96,6 +97,7 @@ def test_each_shard_finds_its_own_sensors_faults_and_the_rows_of_no_sensor_are_f
         "repeated_row": 1,  # REPEATED's seq 2
         "not_delivered": 1,  # UNSENT's seq 3
         "false_violation": 1,  # the duplicate filed under no sensor against LOST
+        "wrong_sensor": 1,  # ... which is filed under no sensor
         "unexpected_row": 1,  # GHOST's snapshot
         "false_dead_letter": 1,  # GHOST's dead letter
     }
@@ -113,7 +115,7 @@ def test_a_stop_in_one_shard_relaxes_the_sessions_of_the_shards_before_it(tmp_pa
     run, out = write(tmp_path, "one simulator")
     heard: list[str] = []
     result = verify_run(
-        run, out, Policy("strict"), pipeline_stopped=False, progress=heard.append, shard_rows=1
+        run, out, Policy("strict"), job_exit=KEPT_RUNNING, progress=heard.append, shard_rows=1
     )
     # UNSENT (sensor 3) and FAULTS (sensor 4) must stop the query; sensors 1 and 2 learn it afterwards.
     assert [h for h in heard if "again" in h] == [
@@ -141,3 +143,21 @@ def test_a_run_within_the_shard_size_is_verified_whole(tmp_path: Path) -> None:
     heard: list[str] = []
     verify_run(run, out, Policy("ordered"), progress=heard.append, shard_rows=36)
     assert heard == []
+
+
+def test_a_row_filed_under_another_sensor_is_named_alike_whole_and_sharded(tmp_path: Path) -> None:
+    # One of CALM's change rows (sensor 0001) written under sensor 0002: a reader of sensor 0001 misses it,
+    # a reader of 0002 finds a session it does not have. Both ways it is the same misfiled row of CALM.
+    run = tmp_path / "run"
+    write_run(run, [row for s in (CALM, REPEATED) for row in ledger_of(s)], [CALM, REPEATED])
+    out = (
+        Output().apply(CALM, *range(6)).session(CALM, "ok").apply(REPEATED, *range(6)).session(REPEATED, "ok")
+    )
+    out.changes[4]["sensor"] = REPEATED.sensor
+    root = out.write(tmp_path / "out")
+    whole = verify_run(run, root, Policy("ordered"))
+    sharded = verify_run(run, root, Policy("ordered"), shard_rows=1)
+    assert whole.discrepancy_counts == {"wrong_sensor": 1}, whole.reasons
+    assert in_any_order(sharded) == in_any_order(whole)
+    (found,) = whole.discrepancies
+    assert found.session == CALM.session and "under sensor 0002" in found.detail

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from loadtest.correctness.expect import build_expectation, read_ledger, read_tru
 from loadtest.correctness.latency import end_to_end
 from loadtest.correctness.output import read_output
 from loadtest.correctness.policies import Policy
+from loadtest.correctness.stops import JobExit, last_error
 from loadtest.correctness.values import read_snapshots
 from loadtest.correctness.verify import verify
 from loadtest.reports.results import Correctness
@@ -30,7 +32,10 @@ def check(
     run = tmp_path / "run"
     write_run(run, ledger, specs)
     exp = build_expectation(policy, read_ledger(run), read_truth(run), read_snapshots(run))
-    return verify(exp, read_output(out.write(tmp_path / "out")), pipeline_stopped=stopped)
+    job_exit = (
+        None if stopped is None else JobExit(stopped, 3 if stopped else 0, "stopped" if stopped else "")
+    )
+    return verify(exp, read_output(out.write(tmp_path / "out")), job_exit=job_exit)
 
 
 def kinds(result: Correctness) -> set[str]:
@@ -90,17 +95,58 @@ def test_strict_wrong_status_fails(tmp_path: Path) -> None:
     assert kinds(result) == {"wrong_status"}
 
 
+GAP_AT_3 = [(0, "none"), (1, "none"), (2, "none"), (4, "none"), (5, "none"), (6, "none")]
+
+
 def test_strict_gap_that_stopped_the_query_passes(tmp_path: Path) -> None:
     spec = SessionSpec()
-    ledger = ledger_rows(
-        spec,
-        [(0, "none"), (1, "none"), (2, "none"), (4, "none"), (5, "none"), (6, "none")],
-        unsent={3: "gap"},
-    )
-    out = Output().apply(spec, 0, 1, 2)  # the batch before the gap; then the query stopped
+    ledger = ledger_rows(spec, GAP_AT_3, unsent={3: "gap"})
+    # The batch before the gap, then the query stopped, naming the gap in its integrity output.
+    out = Output().apply(spec, 0, 1, 2).violation(spec, "gap", got=4, missing=(3, 3))
     result = check(tmp_path, Policy("strict"), ledger, [spec], out, stopped=True)
     assert result.passed, result.discrepancies
-    assert result.must_stop
+    assert result.must_stop and result.policy_stop == "gap in session s1 at seq 4"
+
+
+def test_strict_job_that_died_of_its_own_error_where_its_policy_should_stop_fails_naming_the_exit(
+    tmp_path: Path,
+) -> None:
+    # The same output, but the job's integrity output names no violation: it died of something else (an
+    # out-of-memory kill, its own bug) at the moment the policy should have stopped it.
+    spec = SessionSpec()
+    ledger = ledger_rows(spec, GAP_AT_3, unsent={3: "gap"})
+    out = Output().apply(spec, 0, 1, 2)
+    run = tmp_path / "run"
+    write_run(run, ledger, [spec])
+    exp = build_expectation(Policy("strict"), read_ledger(run), read_truth(run), read_snapshots(run))
+    died = JobExit(True, 137, "java.lang.OutOfMemoryError: Java heap space")
+    result = verify(exp, read_output(out.write(tmp_path / "out")), job_exit=died)
+    assert not result.passed and kinds(result) == {"no_policy_stop"}
+    (found,) = result.discrepancies
+    assert "exited with code 137: java.lang.OutOfMemoryError" in found.detail
+    assert found.triage is not None and found.triage.layer == "pipeline"
+
+
+def test_strict_job_that_crashed_before_any_fault_reached_it_fails(tmp_path: Path) -> None:
+    spec = SessionSpec()
+    ledger = ledger_rows(spec, GAP_AT_3, unsent={3: "gap"})
+    result = check(tmp_path, Policy("strict"), ledger, [spec], Output(), stopped=True)
+    assert not result.passed and "no_policy_stop" in kinds(result)
+
+
+def test_strict_stop_naming_a_violation_that_did_not_happen_fails(tmp_path: Path) -> None:
+    spec = SessionSpec()
+    ledger = ledger_rows(spec, GAP_AT_3, unsent={3: "gap"})
+    out = Output().apply(spec, 0, 1).violation(spec, "gap", got=3, missing=(2, 2))
+    result = check(tmp_path, Policy("strict"), ledger, [spec], out, stopped=True)
+    assert {"false_violation", "no_policy_stop"} <= kinds(result)
+
+
+def test_a_job_s_last_error_is_the_last_line_of_its_log_that_reads_as_one(tmp_path: Path) -> None:
+    log = tmp_path / "pipeline.log"
+    log.write_text("batch 1\nTraceback (most recent call last):\n  x\nValueError: boom\nshutting down\n")
+    assert last_error(log) == "ValueError: boom"
+    assert last_error(tmp_path / "none.log") == ""
 
 
 def test_a_session_the_strict_stop_cut_short_is_not_judged_against_its_whole_table(tmp_path: Path) -> None:
@@ -113,7 +159,7 @@ def test_a_session_the_strict_stop_cut_short_is_not_judged_against_its_whole_tab
         [(0, "none"), (1, "none"), (2, "none"), (4, "none"), (5, "none"), (6, "none")],
         unsent={3: "gap"},
     ) + ledger_rows(cut, CLEAN)
-    out = Output().apply(gapped, 0, 1, 2).apply(cut, 0, 1, 2)
+    out = Output().apply(gapped, 0, 1, 2).apply(cut, 0, 1, 2).violation(gapped, "gap", got=4, missing=(3, 3))
     result = check(tmp_path, Policy("strict"), ledger, [gapped, cut], out, stopped=True)
     assert result.passed, result.discrepancies
     assert "changes_table_mismatch" not in kinds(result)
@@ -270,7 +316,8 @@ def test_ordered_lost_and_repeated_rows_fail(tmp_path: Path) -> None:
     out.changes = [c for c in out.changes if c["seq"] != 4]
     out.apply(spec, 2)
     result = check(tmp_path, Policy("ordered"), ledger_rows(spec, GAP3, unsent={3: "gap"}), [spec], out)
-    assert kinds(result) == {"lost_row", "repeated_row"}
+    # The degraded session's record still names the table with seq 4, which its change rows no longer build.
+    assert kinds(result) == {"lost_row", "repeated_row", "wrong_digest", "wrong_row_count"}
     assert (result.rows_lost, result.rows_repeated) == (1, 1)
 
 
@@ -385,7 +432,13 @@ def test_window_missed_gap_wrong_status_and_lost_row_fail(tmp_path: Path) -> Non
     out.sessions[0]["status"] = "ok"
     out.changes = [c for c in out.changes if c["seq"] != 2]
     result = check(tmp_path, Policy("window", window_messages=2), ledger, [spec], out)
-    assert kinds(result) == {"missed_violation", "wrong_status", "lost_row"}
+    # The record's table is no longer the one the change rows build either.
+    assert kinds(result) - {"wrong_digest", "wrong_row_count"} == {
+        "missed_violation",
+        "wrong_status",
+        "lost_row",
+    }
+    assert "wrong_digest" in kinds(result)
 
 
 def test_window_of_zero_treats_a_late_message_as_a_gap_like_ordered(tmp_path: Path) -> None:
@@ -425,7 +478,8 @@ def test_none_lost_and_repeated_rows_fail(tmp_path: Path) -> None:
     out = none_output(spec).apply(spec, 1)
     out.changes = [c for c in out.changes if c["seq"] != 3]
     result = check(tmp_path, Policy("none"), ledger_rows(spec, NONE_ARRIVALS), [spec], out)
-    assert kinds(result) == {"lost_row", "repeated_row"}
+    assert kinds(result) - {"wrong_digest", "wrong_row_count"} == {"lost_row", "repeated_row"}
+    assert "wrong_digest" in kinds(result)
 
 
 def test_none_requires_no_gap_report_but_a_clean_session_must_be_ok(tmp_path: Path) -> None:
@@ -484,6 +538,11 @@ def test_malformed_message_must_be_quarantined_and_its_seq_is_a_gap(tmp_path: Pa
     result = check(tmp_path / "a", Policy("ordered"), ledger, [spec], good)
     assert result.passed, result.discrepancies
     assert (result.malformed_sent, result.malformed_quarantined) == (1, 1)
+    unreported = dataclasses.replace(
+        good, integrity=[r for r in good.integrity if r["violation"] != "malformed"]
+    )
+    result = check(tmp_path / "c", Policy("ordered"), ledger, [spec], unreported)
+    assert kinds(result) == {"missed_violation"} and "malformed not reported" in str(result.discrepancies)
     good.dead_letters.clear()
     result = check(tmp_path / "b", Policy("ordered"), ledger, [spec], good)
     assert kinds(result) == {"malformed_not_quarantined"}
@@ -651,3 +710,114 @@ def test_a_session_closed_by_its_timeout_must_have_been_quiet_for_the_timeout(tm
     assert kinds(early) == {"early_timeout"}
     (found,) = early.discrepancies
     assert "1.0 s after its last message" in found.detail and "session timeout is 6 s" in found.detail
+
+
+# ----------------------------------------------------------------- outputs that once fooled the verifier
+
+
+def gap_run(tmp_path: Path, policy: str, out: Output) -> Correctness:
+    spec = SessionSpec()
+    return check(tmp_path, Policy(policy), ledger_rows(spec, GAP3, unsent={3: "gap"}), [spec], out)
+
+
+def test_the_ordered_gap_output_these_tests_corrupt_passes_as_it_is(tmp_path: Path) -> None:
+    assert gap_run(tmp_path, "ordered", ordered_gap_output(SessionSpec())).passed
+
+
+def test_a_copy_acknowledged_without_an_offset_is_delivered_and_applied_in_its_place(tmp_path: Path) -> None:
+    # librdkafka acknowledges an idempotent retry the broker had already written without its offset.
+    spec = SessionSpec()
+    ledger = ledger_rows(spec, CLEAN)
+    ledger[3] |= {"offset": None}
+    result = check(tmp_path, Policy("ordered"), ledger, [spec], clean_output(spec))
+    assert result.passed, result.discrepancies
+
+
+@pytest.mark.parametrize("applied", [True, False], ids=["read", "not read"])
+def test_a_copy_purged_in_flight_may_or_may_not_have_reached_the_job_and_never_blames_it(
+    tmp_path: Path, applied: bool
+) -> None:
+    # Seq 3's only copy was purged in flight: the broker may have written it. A job that read it and one
+    # that met a gap there are both right; the copy is the producer's not-delivered, never the pipeline's.
+    spec = SessionSpec()
+    ledger = ledger_rows(spec, CLEAN)
+    ledger[3] |= {"offset": None, "delivered": False, "acked_ts": None, "error": "Local: Purged in flight"}
+    out = clean_output(spec) if applied else ordered_gap_output(spec)
+    result = check(tmp_path, Policy("ordered"), ledger, [spec], out)
+    assert kinds(result) == {"not_delivered"}, result.discrepancies
+    assert result.blame == {"producer": 1}
+
+
+def test_a_row_written_with_an_op_the_contract_does_not_know_fails(tmp_path: Path) -> None:
+    out = ordered_gap_output(SessionSpec())
+    update = next(c for c in out.changes if c["seq"] == 1)
+    update["op"] = "frobnicate"
+    result = gap_run(tmp_path, "ordered", out)
+    assert "wrong_value" in kinds(result) and "a frobnicate row for seq 1" in str(result.discrepancies)
+
+
+def test_an_update_written_to_another_row_fails(tmp_path: Path) -> None:
+    out = ordered_gap_output(SessionSpec())
+    next(c for c in out.changes if c["seq"] == 1)["row_id"] = 2
+    assert "wrong_value" in kinds(gap_run(tmp_path, "ordered", out))
+
+
+def test_a_change_row_without_a_session_fails(tmp_path: Path) -> None:
+    out = ordered_gap_output(SessionSpec())
+    out.changes.append({**out.changes[-1], "session": None})
+    result = gap_run(tmp_path, "ordered", out)
+    assert "unexpected_row" in kinds(result) and result.rows_unexpected == 1
+
+
+def test_a_session_record_closed_by_nothing_fails(tmp_path: Path) -> None:
+    out = ordered_gap_output(SessionSpec())
+    out.sessions[0]["closed_by"] = None
+    assert kinds(gap_run(tmp_path, "ordered", out)) == {"wrong_closed_by"}
+
+
+def test_a_degraded_session_s_digest_and_row_count_are_its_own_change_rows_table(tmp_path: Path) -> None:
+    out = ordered_gap_output(SessionSpec())
+    out.sessions[0] |= {"digest": "0" * 64, "row_count": 99}
+    assert kinds(gap_run(tmp_path, "ordered", out)) == {"wrong_digest", "wrong_row_count"}
+
+
+def test_a_malformed_report_where_no_malformed_copy_was_fails(tmp_path: Path) -> None:
+    out = ordered_gap_output(SessionSpec()).violation(SessionSpec(), "malformed")
+    out.integrity[-1]["offset"] = 2
+    assert kinds(gap_run(tmp_path, "ordered", out)) == {"false_violation"}
+
+
+def test_a_gap_reported_up_to_2_to_the_31_is_a_false_report_found_at_once(tmp_path: Path) -> None:
+    import time
+
+    out = ordered_gap_output(SessionSpec())
+    out.integrity[0] |= {"missing_to": 2**31 - 2}
+    began = time.monotonic()
+    result = gap_run(tmp_path, "ordered", out)
+    assert time.monotonic() - began < 30
+    assert "false_violation" in kinds(result) and "3..2147483646" in str(result.discrepancies)
+
+
+def test_a_violation_the_contract_does_not_name_fails(tmp_path: Path) -> None:
+    out = ordered_gap_output(SessionSpec()).violation(SessionSpec(), "cosmic_ray", got=2)
+    assert kinds(gap_run(tmp_path, "ordered", out)) == {"false_violation"}
+
+
+def test_under_once_a_snapshot_row_lost_in_a_session_that_is_not_exact_fails(tmp_path: Path) -> None:
+    spec = SessionSpec()
+    good = (
+        Output()
+        .apply(spec, 0, 1, 2, 4, 5)
+        .session(spec, "failed", applied=[0, 1, 2, 4, 5])
+        .violation(spec, "gap", missing=(3, 3))
+    )
+    assert gap_run(tmp_path / "good", "once", good).passed
+    good.changes = [c for c in good.changes if not (c["seq"] == 0 and c["row_id"] == 3)]
+    result = gap_run(tmp_path / "lost", "once", good)
+    assert "lost_row" in kinds(result), result.discrepancies
+
+
+def test_a_change_row_with_another_event_time_than_its_message_fails(tmp_path: Path) -> None:
+    out = ordered_gap_output(SessionSpec())
+    out.changes[-1]["event_ms"] += 5
+    assert kinds(gap_run(tmp_path, "ordered", out)) == {"wrong_value"}
