@@ -42,6 +42,14 @@ DEFAULT_PRODUCER: Mapping[str, str] = {
 #: ``SimulatorConfig.producer_path``'s values.
 PRODUCER_PATHS = ("auto", "direct", "client")
 FAULT_KINDS = ("gap", "duplicate", "delayed", "malformed", "abandoned")
+#: The ``FaultConfig`` rate of each fault kind.
+FAULT_RATES = {
+    "gap": "gap",
+    "duplicate": "duplicate",
+    "delayed": "delayed",
+    "malformed": "malformed",
+    "abandoned": "abandon",
+}
 _SENSOR_ID = re.compile(r"^[A-Za-z0-9._-]+$")
 _TOPIC_PREFIX = re.compile(r"^[A-Za-z0-9._-]*$")
 

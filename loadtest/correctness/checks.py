@@ -20,10 +20,12 @@ from loadtest.correctness.expect import (
     Expectation,
 )
 from loadtest.correctness.output import PipelineOutput
+from loadtest.correctness.stops import FoundStop
 from loadtest.correctness.tally import FAULT_OF_VIOLATION, Tally, opt_int, ratio
 from loadtest.correctness.values import check_changes, records, sent_messages
 from loadtest.reports.results import FaultScore
 from pipeline.sinks import HIVE_NULL
+from simulator.config import FAULT_KINDS
 
 
 def check_placement(exp: Expectation, output: PipelineOutput, tally: Tally) -> None:
@@ -62,7 +64,7 @@ def check_placement(exp: Expectation, output: PipelineOutput, tally: Tally) -> N
         for column, place in (("sensor", 0), ("topic", 1)):
             if column not in named.columns or named.empty:
                 continue
-            owner = named["session"].astype(str).map(lambda s, i=place: where[s][i])  # type: ignore[misc]
+            owner = named["session"].astype(str).map({name: both[place] for name, both in where.items()})
             wrong = named[named[column].astype("string").fillna("") != owner]
             for session, rows in wrong.groupby(wrong["session"].astype(str)):
                 want = exp.sessions[str(session)][0]
@@ -92,15 +94,18 @@ def score_faults(exp: Expectation, tally: Tally) -> None:
         )
 
 
-def check_dead_letters(exp: Expectation, output: PipelineOutput, tally: Tally) -> None:
+def check_dead_letters(
+    exp: Expectation, output: PipelineOutput, tally: Tally, stop: FoundStop | None = None
+) -> None:
     """Every malformed copy the broker took, and kept, is quarantined with its bytes; no valid message is.
 
     A dead letter is matched to a malformed copy at its position, or, for a copy the ledger has no offset of
     (acknowledged without one, or of unknown outcome), by its bytes (the SHA-256 the ledger keeps) in its
     partition. A copy of unknown outcome may have its dead letter or not. A malformed copy the broker gave
     away (``Expectation.overwritten``) is not required: the pipeline may never have read it, and
-    ``check_broker_kept`` counts it as the broker's loss. A dead letter at a malformed copy's position must
-    hold its bytes.
+    ``check_broker_kept`` counts it as the broker's loss. A dead letter holds its copy's bytes (a dead letter
+    without a ``value`` holds none), and quarantines it once. After a strict stop only the copies the job read
+    before it are required (``_was_read``).
     """
     ledger, dead = exp.ledger, output.dead_letters
     copies = ledger[(ledger["fault"] == "malformed") & (acknowledged(ledger) | unknown(ledger))]
@@ -125,9 +130,12 @@ def check_dead_letters(exp: Expectation, output: PipelineOutput, tally: Tally) -
                 "false_dead_letter", None, "a dead letter the ledger does not call malformed", **_at(where)
             )
             continue
+        if label in matched:
+            tally.add("false_dead_letter", None, "a malformed copy quarantined again", **_at(where))
+            continue
         matched[label] = where
         sent = ledger.at[label, "value_sha256"]
-        if "value" in r and isinstance(sent, str) and digest != sent:
+        if isinstance(sent, str) and digest != sent:
             tally.add(
                 "wrong_dead_letter",
                 exp.sessions.get(str(ledger.at[label, "session"]), (None,))[0],
@@ -136,12 +144,12 @@ def check_dead_letters(exp: Expectation, output: PipelineOutput, tally: Tally) -
                 **_at(where),
             )
     given_away = set(exp.overwritten.index) if len(exp.overwritten) else set()
-    read_to = _read_to(output) if exp.must_stop else None
+    read_to = _read_to(output) if exp.cut_by_stop else None
     required = [
         label
         for label in copies.index[acknowledged(copies)]
         if (label not in given_away or label in matched)
-        and _was_read(ledger.loc[label], read_to, label in matched)
+        and _was_read(ledger.loc[label], read_to, label in matched, stop)
     ]
     tally.counts["malformed_quarantined"] = sum(1 for label in required if label in matched)
     for label in required:
@@ -181,40 +189,47 @@ def _at(where: tuple[str, int, int]) -> dict[str, Any]:
     return {"topic": where[0], "partition": where[1], "offset": where[2]}
 
 
-def _read_to(output: PipelineOutput) -> dict[tuple[str, int, str], int]:
-    """Per partition and session, the highest offset the job's output shows it read of that session.
+def _read_to(output: PipelineOutput) -> dict[tuple[str, int], int]:
+    """Per partition, the highest offset the job's output shows it read (changes, integrity, dead letters).
 
-    A strict stop ends a session's reading at its violation, and every other session's at the last batch
-    committed, whatever else of the partition the batch held.
+    A Kafka reader reads a partition in order: what it committed of a partition, it read up to there.
     """
     frames = [f for f in (output.changes, output.integrity, output.dead_letters) if not f.empty]
-    columns = ["topic", "partition", "session", "offset"]
-    parts = [
-        f[columns].dropna(subset=["topic", "partition", "offset"]) for f in frames if set(columns) <= set(f)
-    ]
+    columns = ["topic", "partition", "offset"]
+    parts = [f[columns].dropna() for f in frames if set(columns) <= set(f)]
     if not parts:
         return {}
     both = pd.concat(parts, ignore_index=True)
-    keys = [both["topic"].astype(str), both["partition"].astype("int64"), both["session"].astype(str)]
+    keys = [both["topic"].astype(str), both["partition"].astype("int64")]
     top = both.groupby(keys)["offset"].max().reset_index()
     return {
-        (str(t), int(q), str(n)): int(o)
-        for t, q, n, o in zip(top["topic"], top["partition"], top["session"], top["offset"], strict=True)
+        (str(t), int(q)): int(o)
+        for t, q, o in zip(top["topic"], top["partition"], top["offset"], strict=True)
     }
 
 
-def _was_read(copy: pd.Series, read_to: Mapping[tuple[str, int, str], int] | None, matched: bool) -> bool:
+def _was_read(
+    copy: pd.Series, read_to: Mapping[tuple[str, int], int] | None, matched: bool, stop: FoundStop | None
+) -> bool:
     """Whether the job must have read ``copy``: always, unless a strict stop ended its reading before it.
 
-    A job a strict stop ended read each session up to some offset (the highest its output shows of it); a
-    malformed copy past it was never its to quarantine.
+    A job a strict stop ended read each partition up to some offset (the highest its output shows), except
+    that the session it stopped on reads nothing past its violation (``stop``); a malformed copy past either
+    was never its to quarantine.
     """
     if read_to is None or matched:
         return True
     offset = opt_int(copy["offset"])
     if offset is None:
         return False
-    return offset < read_to.get((str(copy["topic"]), int(copy["partition"]), str(copy["session"])), -1)
+    if (
+        stop is not None
+        and stop.offset is not None
+        and str(copy["session"]) == stop.session
+        and offset > stop.offset
+    ):
+        return False
+    return offset < read_to.get((str(copy["topic"]), int(copy["partition"])), -1)
 
 
 def _position(copy: pd.Series) -> tuple[str, int, int] | None:
@@ -383,8 +398,9 @@ def faults_delivered(ledger: pd.DataFrame) -> dict[str, int]:
     """
     acked = acknowledged(ledger)
     out: dict[str, int] = {}
-    for kind in ("duplicate", "delayed", "malformed"):
-        out[kind] = int((acked & (ledger["fault"] == kind)).sum())
+    for kind in FAULT_KINDS:
+        if kind not in ("gap", "abandoned"):  # the faulted copy itself reaches the broker
+            out[kind] = int((acked & (ledger["fault"] == kind)).sum())
     highest = ledger[acked].groupby("session")["seq"].max()
     gaps = ledger[ledger["fault"] == "gap"]
     out["gap"] = int((gaps["seq"].to_numpy() < gaps["session"].map(highest).fillna(-1).to_numpy()).sum())

@@ -13,8 +13,9 @@ Either is read from Parquet files or from a Delta Lake table (``loadtest.correct
 (``OutputSpec.resolved_format``). A session whose messages all reached the broker intact must hold the
 truth. One that lost some upstream (an injected gap, a malformed copy without an intact one, a send the
 broker refused) must hold what its delivered messages build when applied in seq order: each row as the
-highest delivered seq that touched it set it (``loadtest.correctness.values.expected_rows``). Only a session with a
-copy whose delivery is unknown (sent, never acknowledged) is not judged.
+highest delivered seq that touched it set it (``loadtest.correctness.tablerows.expected_rows``); a message
+whose delivery is unknown may decide a row or not. Under ``strict`` a job that met a violation must stop,
+and its tables hold nothing past it (``_strict_tables``).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from typing import Any
 
 import pandas as pd
 
-from loadtest.correctness.expect import strict_stop_at
+from loadtest.correctness.expect import kafka_order, strict_reading
 from loadtest.correctness.outputspec import COMMITTED, SEQ
 from loadtest.correctness.stops import JobExit
 from loadtest.correctness.tablerows import compare_plan, compare_to_truth, prefix_row_plans, row_plans
@@ -38,12 +39,6 @@ from loadtest.correctness.values import has_row_ids, sent_messages
 from loadtest.reports.results import Correctness, Discrepancy
 
 log = logging.getLogger(__name__)
-
-
-# --------------------------------------------------------------------------------------------- reading
-
-
-# --------------------------------------------------------------------------------------------- verdict
 
 
 def _list(values: Iterable[int], most: int = 6) -> str:
@@ -150,10 +145,13 @@ def verify_tables(
     with a non-zero code, and its tables must hold nothing past the first fault (``_strict_tables``).
     """
     if strict:
-        stops = {str(name): strict_stop_at(rows) for name, rows in ledger.groupby("session", sort=False)}
-        stopping = {name: at for name, at in stops.items() if at is not None}
-        if stopping:
-            return _strict_tables(ledger, output, snapshots, stopping, job_exit)
+        ordered = kafka_order(ledger)
+        readings = {str(name): strict_reading(rows) for name, rows in ordered.groupby("session", sort=False)}
+        stopping = {name: r.stop_at for name, r in readings.items() if r.stop_at is not None}
+        stopped = job_exit is not None and job_exit.on_its_own and job_exit.code != 0
+        if stopping or (stopped and any(r.may_stop for r in readings.values())):
+            applied = {name: r.applied for name, r in readings.items()}
+            return _strict_tables(ledger, output, snapshots, stopping, applied, job_exit)
     snapshots = (
         snapshots if snapshots is not None else pd.DataFrame(columns=["sensor", "session", "id", "values"])
     )
@@ -255,33 +253,34 @@ def _strict_tables(
     output: TablesOutput,
     snapshots: pd.DataFrame | None,
     stopping: dict[str, int],
+    applied: dict[str, frozenset[int]],
     job_exit: JobExit | None,
 ) -> tuple[Correctness, list[Discrepancy]]:
     """A strict job's tables once a violation reached it: its stop, and nothing past the first fault.
 
     The job stops at a moment the verifier cannot see, so every session may hold any prefix of what reached
-    it: each row must be absent or hold what a message of its session that reached the broker set (a
-    session that must stop: one below the seq it must stop at). The job must have exited on its own, with a
-    non-zero code.
+    it: each row must be absent or hold what a message of its session set that strict applies (in Kafka
+    order, up to the session's first violation: ``applied``). When a session must stop the query
+    (``stopping``), the job must have exited on its own, with a non-zero code. A table keyed by sensor holds
+    whichever of the sensor's sessions was current when the job stopped: the closest is taken.
     """
     snapshots = (
         snapshots if snapshots is not None else pd.DataFrame(columns=["sensor", "session", "id", "values"])
     )
     messages = sent_messages(ledger)
-    messages = messages[
-        [
-            int(q) < stopping.get(str(s), 1 << 62)
-            for s, q in zip(messages["session"], messages["seq"], strict=True)
-        ]
+    keep = [
+        int(q) in applied.get(str(n), frozenset())
+        for n, q in zip(messages["session"], messages["seq"], strict=True)
     ]
+    messages = messages[keep]
     sessions = sorted({str(s) for s in ledger["session"]})
     sensor_of = {str(s): str(n) for s, n in zip(ledger["session"], ledger["sensor"], strict=True)}
     plans = prefix_row_plans(messages, snapshots, set(sessions))
     got = output.rows
     got_by_key = {str(k): g for k, g in got.groupby("key")} if not got.empty else {}
     found: list[Discrepancy] = []
-    first = min(stopping)
-    if job_exit is None or not job_exit.on_its_own or job_exit.code == 0:
+    first = min(stopping) if stopping else None
+    if first is not None and (job_exit is None or not job_exit.on_its_own or job_exit.code == 0):
         how = job_exit.describe() if job_exit is not None else "the job's exit is not known"
         kind = "did_not_stop" if job_exit is not None and not job_exit.on_its_own else "no_policy_stop"
         found.append(
@@ -295,30 +294,34 @@ def _strict_tables(
             )
         )
     counts: Counter[str] = Counter()
-    if output.key != "session":
-        sessions_of = {sensor_of[s]: s for s in sessions}
-        keys = sorted(set(sessions_of) | set(got_by_key))
-    else:
-        sessions_of = {s: s for s in sessions}
-        keys = sorted(set(sessions) | set(got_by_key))
-    for key in keys:
-        session = sessions_of.get(key)
-        if session is None:
-            counts["extra"] += len(got_by_key[key])
+    candidates: dict[str, list[str]] = {}
+    for session in sessions:
+        key = session if output.key == "session" else sensor_of[session]
+        candidates.setdefault(key, []).append(session)
+    for key in sorted(set(candidates) | set(got_by_key)):
+        mine = got_by_key.get(key, got.iloc[0:0])
+        if key not in candidates:
+            counts["extra"] += len(mine)
             found.append(Discrepancy("unknown_session", key, f"rows for a {output.key} the ledger never had"))
             continue
-        mine = got_by_key.get(key, got.iloc[0:0])
+        tried = []
+        for session in candidates[key]:
+            local: Counter[str] = Counter()
+            tried.append((compare_plan(plans.get(session, []), mine, local), local, session))
+        problems, local, session = min(tried, key=lambda t: len(t[0]))
+        counts.update(local)
         if output.key == "session":
             found += _misfiled(session, sensor_of[session], mine)
         stop = stopping.get(session)
         story = (
             f"strict must stop this session at seq {stop}" if stop is not None else "strict stopped the job"
         )
-        for kind, detail, seq in compare_plan(plans.get(session, []), mine, counts):
+        for kind, detail, seq in problems:
             found.append(Discrepancy(kind, session, f"{detail}; {story}", sensor_of[session], seq=seq))
     kinds = Counter(d.kind for d in found)
+    stopped = not any(d.kind in ("did_not_stop", "no_policy_stop") for d in found)
     correctness = Correctness(
-        policy="tables",
+        policy="strict",
         passed=not found,
         sessions_expected=len(sessions),
         sessions_exact_required=0,
@@ -331,16 +334,14 @@ def _strict_tables(
         rows_unexpected=counts["extra"],
         malformed_sent=0,
         malformed_quarantined=0,
-        must_stop=True,
+        must_stop=bool(stopping),
         discrepancy_counts=dict(kinds),
         reasons=[f"{n} {k.replace('_', ' ')}" for k, n in sorted(kinds.items())],
         contract="tables",
         rows_wrong=counts["wrong"],
         rows_values_checked=counts["checked"],
-        sessions_judged=len({k for k in got_by_key if k in sessions_of}),
-        policy_stop=None
-        if any(d.kind in ("did_not_stop", "no_policy_stop") for d in found)
-        else (f"the job exited with code {job_exit.code}" if job_exit is not None else None),
+        sessions_judged=len({k for k in got_by_key if k in candidates}),
+        policy_stop=f"the job exited with code {job_exit.code}" if stopped and job_exit is not None else None,
     )
     return correctness, found
 

@@ -41,9 +41,9 @@ import logging
 import math
 from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pandas as pd
 import pyarrow as pa
@@ -111,6 +111,8 @@ class Expectation:
     overwritten: pd.DataFrame = field(default_factory=pd.DataFrame)
     #: Each session's highest seq in the ledger: no violation can name a seq above it.
     top_seqs: dict[str, int] = field(default_factory=dict)
+    #: Under ``strict``, a stop may have cut every session short (here or, for a shard, elsewhere in the run).
+    cut_by_stop: bool = False
 
 
 # --------------------------------------------------------------------------------------------------- reading
@@ -205,9 +207,6 @@ def read_truth(run_dir: Path, sensors: Collection[str] | None = None) -> pd.Data
     )
 
 
-# --------------------------------------------------------------------------------------------------- replays
-
-
 # --------------------------------------------------------------------------------------------- expectations
 
 
@@ -255,8 +254,6 @@ def _session_events(policy: Policy, out: Outcome, exact: bool) -> tuple[set[Even
 
 def with_partition_ends(exp: Expectation, ends: Mapping[tuple[str, int], int]) -> Expectation:
     """``exp`` with the copies ``beyond_end`` finds added to what the broker gave away."""
-    from dataclasses import replace
-
     found = beyond_end(exp.ledger, ends)
     known = exp.overwritten
     found = found[~found.index.isin(known.index)] if not known.empty else found
@@ -316,11 +313,33 @@ def _arrivals(rows: pd.DataFrame, present: Collection[Any] = ()) -> tuple[list[A
     return arrivals, frozenset(int(s) for s in copies.loc[copies["life"] > 0, "seq"])
 
 
-def strict_stop_at(rows: pd.DataFrame) -> int | None:
-    """The seq of the copy at which ``strict`` must stop a session's query (its acknowledged copies); or None."""
-    arrivals, _ = _arrivals(rows)
-    (out,) = Strict(Policy("strict")).readings(arrivals, None)
-    return out.stop_at
+class StrictReading(NamedTuple):
+    """What ``strict`` makes of one session, over every reading of its copies of unknown outcome."""
+
+    #: The seq of the copy at which it must stop the query, when every reading stops it; else None.
+    stop_at: int | None
+    #: Whether some reading stops it.
+    may_stop: bool
+    #: The seqs some reading applies before it stops (or all of them, when it does not).
+    applied: frozenset[int]
+
+
+def strict_reading(rows: pd.DataFrame) -> StrictReading:
+    """``strict`` replayed over one session's copies in Kafka order, under each reading of its unknown copies.
+
+    ``rows`` carry ``kafka_order``'s columns when the whole ledger's were computed (else they are computed).
+    """
+    if not set(ORDER_COLUMNS) <= set(rows.columns):
+        rows = kafka_order(rows)
+    stops: list[int | None] = []
+    applied: set[int] = set()
+    for present in unknown_variants(rows):
+        arrivals, _ = _arrivals(rows, present)
+        (out,) = Strict(Policy("strict")).readings(arrivals, None)
+        stops.append(out.stop_at)
+        applied |= set(out.applied)
+    must = stops[0] if stops and all(stop is not None for stop in stops) else None
+    return StrictReading(must, any(stop is not None for stop in stops), frozenset(applied))
 
 
 def expect_session(
@@ -381,8 +400,6 @@ def _relax_for_stop(exp: SessionExpectation) -> SessionExpectation:
     Nothing more is required of a session that has not closed than a prefix (``before_stop``); forbidden
     things stay forbidden.
     """
-    from dataclasses import replace
-
     return replace(
         exp,
         statuses=exp.statuses | {"absent"},
@@ -405,7 +422,6 @@ def relax_after_data_loss(exp: Expectation) -> Expectation:
     (what the broker lost with it is then the broker's, as triage finds), and nothing forbidden becomes
     allowed.
     """
-    from dataclasses import replace
 
     def relax(want: SessionExpectation) -> SessionExpectation:
         if not want.after_reset:
@@ -446,8 +462,13 @@ def build_expectation(
         str(name): expect_session(policy, rows, truth_by_session.get(str(name)))
         for name, rows in ordered.groupby("session", sort=True)
     }
-    must_stop = any(e.stop_at is not None for readings in sessions.values() for e in readings)
-    if must_stop or stops_elsewhere:
+    # A session must stop the query when every reading of it stops (a copy of unknown outcome may spare it);
+    # one that may stop it cuts every session short as a stop would.
+    must_stop = any(
+        readings and all(e.stop_at is not None for e in readings) for readings in sessions.values()
+    )
+    cut = stops_elsewhere or any(e.stop_at is not None for readings in sessions.values() for e in readings)
+    if cut:
         sessions = {name: tuple(_relax_for_stop(e) for e in readings) for name, readings in sessions.items()}
     delivered = acknowledged(ledger)
     malformed = ledger[delivered & (ledger["fault"] == "malformed")]
@@ -474,4 +495,5 @@ def build_expectation(
         snapshots if snapshots is not None else pd.DataFrame(),
         overwritten(ledger, lives),
         {str(k): int(v) for k, v in ledger.groupby("session")["seq"].max().items()},
+        cut,
     )

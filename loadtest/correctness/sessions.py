@@ -116,7 +116,9 @@ def _check_session(want: SessionExpectation, seen: _Observed, tally: Tally, poli
         if not want.exact:  # an exact session's digest and change rows are each checked against the truth
             _check_record_table(want, record, seen.changes, policy, tally)
         want = _with_digest_report(want, record, policy)
-    want = _prefix_of_stop(want, seen.changes, closed=not got.empty)
+    # The session whose violation the output names as the stop applied everything before it.
+    named = bool(seen.events & want.stop_events)
+    want = _prefix_of_stop(want, seen.changes, closed=not got.empty or named)
     # A session a strict stop cut short, and the output has not closed, holds only a prefix of its changes:
     # only the changes of every other session must replay to the true table.
     _check_changes(want, seen.changes, tally, whole=not (want.cut_short and got.empty))
@@ -183,6 +185,12 @@ def _check_record(want: SessionExpectation, rec: dict[str, Any], tally: Tally) -
                 f"digest {rec.get('digest')}, {rows} rows != truth {want.truth_digest}, {want.truth_rows} rows",
             )
     said_digest, said_rows = rec.get("expected_digest"), opt_int(rec.get("expected_rows"))
+    if closed_by == "end" and (not isinstance(said_digest, str) or said_rows is None):
+        tally.add(
+            "wrong_end",
+            want,
+            "closed by its end, but expected_rows/expected_digest do not say what it carried",
+        )
     if isinstance(said_digest, str) and want.truth_digest is not None and said_digest != want.truth_digest:
         tally.add(
             "wrong_end",
@@ -277,7 +285,11 @@ def _check_seq(want: SessionExpectation, seq: int, mult: list[int], tally: Tally
         tally.add("lost_row", want, f"seq {seq}: {short} change rows missing", seq=seq)
     if extra and hi == 0:
         tally.counts["rows_unexpected"] += extra
-        why = "the policy" if want.stop_at is None else f"strict (the query must stop at seq {want.stop_at})"
+        why = (
+            "the policy"
+            if want.stop_at is None
+            else f"strict (the session's first violation, seq {want.stop_at}, stops it)"
+        )
         tally.add("unexpected_row", want, f"seq {seq} must not be applied under {why}", seq=seq)
     elif extra:
         tally.counts["rows_repeated"] += extra

@@ -23,8 +23,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+import pandas as pd
+
 from loadtest.correctness.expect import Expectation
+from loadtest.correctness.output import PipelineOutput
 from loadtest.correctness.policies import Event
+from loadtest.correctness.tally import opt_int
 from loadtest.reports.results import Discrepancy, Triage
 
 
@@ -83,54 +87,114 @@ def last_error(log_path: Path, tail_bytes: int = 65536) -> str:
 
 @dataclass(frozen=True)
 class StopExpected:
-    """Where the policy must stop the query: the first session (by name) whose violation stops it."""
+    """Where the policy must stop the query: the first session (by name) whose violation stops it.
+
+    ``after_loss``: the violation shows only in what the broker acknowledged after it lost data, so a job
+    that stops on that loss first (``failOnDataLoss``) never meets it.
+    """
 
     session: str
     sensor: str
     topic: str
     seq: int
+    after_loss: bool = False
 
 
 def stop_expected(exp: Expectation) -> StopExpected | None:
-    """The first session that must stop the query under ``exp``'s policy, or None if none must."""
-    for name, readings in sorted(exp.sessions.items()):
-        for want in readings:
-            if want.stop_at is not None:
-                return StopExpected(name, want.sensor, want.topic, want.stop_at)
-    return None
+    """The first session that must stop the query under ``exp``'s policy, or None if none must.
+
+    A session must stop it when every reading of it does (a copy of unknown outcome may spare it): the
+    first of them by name, one whose violation comes before any data loss the broker had first.
+    """
+    found = []
+    for name, readings in exp.sessions.items():
+        if readings and all(want.stop_at is not None for want in readings):
+            want = readings[0]
+            assert want.stop_at is not None
+            found.append(
+                StopExpected(name, want.sensor, want.topic, want.stop_at, want.stop_at in want.after_reset)
+            )
+    return min(found, key=lambda m: (m.after_loss, m.session), default=None)
 
 
-def policy_stop(exp: Expectation, events: Mapping[str, set[Event]]) -> tuple[str, str] | None:
+@dataclass(frozen=True)
+class FoundStop:
+    """The violation a job's integrity output names as the one that stopped it, and where it wrote it."""
+
+    session: str
+    text: str
+    batch: int | None
+    offset: int | None
+
+
+def policy_stop(
+    exp: Expectation, events: Mapping[str, set[Event]], integrity: pd.DataFrame
+) -> FoundStop | None:
     """The violation that stopped the query, as the job's integrity output names it; None if it names none.
 
-    It must be the first violation of a session that must stop the query (a reading's ``stop_events``).
-    Returns the session and the violation in words; of several, the first session by name.
+    It must be the first violation of a session that may stop the query (a reading's ``stop_events``). Of
+    several, the first session by name; ``batch`` and ``offset`` are its record's (None if not written).
     """
     for name, readings in sorted(exp.sessions.items()):
         seen = events.get(name, set())
         for want in readings:
             hit = sorted(seen & want.stop_events)
             if want.stop_at is not None and hit:
-                kind = hit[0][0].replace("_", " ")
-                return name, f"{kind} in session {name} at seq {want.stop_at}"
+                kind = hit[0][0]
+                batch, offset = _written_at(integrity, name, kind)
+                return FoundStop(
+                    name, f"{kind.replace('_', ' ')} in session {name} at seq {want.stop_at}", batch, offset
+                )
     return None
 
 
-def judge_stop(must: StopExpected | None, stop: str | None, job_exit: JobExit | None) -> list[Discrepancy]:
+def _written_at(integrity: pd.DataFrame, session: str, kind: str) -> tuple[int | None, int | None]:
+    """The batch and Kafka offset of the first integrity record of ``kind`` about ``session``."""
+    if integrity.empty or not {"session", "violation"} <= set(integrity.columns):
+        return None, None
+    rows = integrity[(integrity["session"].astype(str) == session) & (integrity["violation"] == kind)]
+    if rows.empty:
+        return None, None
+    first = rows.sort_values([c for c in ("batch_id", "offset") if c in rows.columns] or ["session"]).iloc[0]
+    return opt_int(first.get("batch_id")), opt_int(first.get("offset"))
+
+
+def last_batch(output: PipelineOutput) -> int | None:
+    """The highest batch the job committed a row in, if its output says (``batch_id``)."""
+    tops = [
+        int(f["batch_id"].max())
+        for f in (output.changes, output.sessions, output.integrity, output.dead_letters)
+        if not f.empty and "batch_id" in f.columns and f["batch_id"].notna().any()
+    ]
+    return max(tops, default=None)
+
+
+def judge_stop(
+    must: StopExpected | None, stop: FoundStop | None, job_exit: JobExit | None, last: int | None = None
+) -> list[Discrepancy]:
     """The discrepancies of a run whose policy must stop the query at ``must`` (None: it need not).
 
     ``stop`` is what the output names (``policy_stop``); ``job_exit`` how the job ended (None: not known,
-    as when a job is attached to rather than started, or the verifier is given an output alone).
+    as when a job is attached to rather than started, or the verifier is given an output alone); ``last``
+    the last batch the job committed (``last_batch``): a job that commits batches after the one that named
+    its stop kept running, whatever it did later.
     """
+    blame = Triage("pipeline", detail="the job's own stop")
+    if stop is not None and stop.batch is not None and last is not None and last > stop.batch:
+        anchor = must or StopExpected(stop.session, "", "", -1)
+        detail = (
+            f"its integrity output names {stop.text} in batch {stop.batch}, but it committed batches up to "
+            f"{last} after it: strict stops the query at its first violation"
+        )
+        return [_at(anchor, "did_not_stop", detail, blame)]
     if must is None:
         return []
-    blame = Triage("pipeline", detail="the job's own stop")
     if job_exit is not None and not job_exit.on_its_own:
-        named = f"its integrity output names {stop}, " if stop is not None else ""
+        named = f"its integrity output names {stop.text}, " if stop is not None else ""
         detail = f"strict must stop the query at seq {must.seq} but {named}it kept running"
         return [_at(must, "did_not_stop", detail, blame)]
-    if stop is not None:
-        return []
+    if stop is not None or (must.after_loss and job_exit is not None):
+        return []  # its own stop, or the broker's loss of data stopped it before the violation came
     how = job_exit.describe() if job_exit is not None else "the job's exit is not known"
     detail = (
         f"strict must stop the query at the first violation (seq {must.seq} of this session, or another "

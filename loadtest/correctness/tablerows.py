@@ -115,14 +115,10 @@ def prefix_row_plans(
     messages: pd.DataFrame, snapshots: pd.DataFrame, sessions: set[str]
 ) -> dict[str, list[PlannedRow]]:
     """Per session, every row a delivered message touched: absent, or as any one of those messages set it."""
-    carried = (
-        {
-            (str(s), int(i)): json.loads(v)
-            for s, i, v in zip(snapshots["session"], snapshots["id"], snapshots["values"], strict=True)
-        }
-        if not snapshots.empty
-        else {}
-    )
+    carried: dict[str, list[tuple[int, dict[str, Any]]]] = {}
+    if not snapshots.empty:
+        for s, i, v in zip(snapshots["session"], snapshots["id"], snapshots["values"], strict=True):
+            carried.setdefault(str(s), []).append((int(i), json.loads(v)))
     delivered = messages[messages["delivered"] | messages["unknown"]]
     options: dict[tuple[str, int], list[PlannedRow]] = {}
     for m in records(delivered):
@@ -130,11 +126,10 @@ def prefix_row_plans(
         if session not in sessions:
             continue
         if m["kind"] == "snapshot":
-            for (owner, row_id), values in carried.items():
-                if owner == session:
-                    options.setdefault((session, row_id), []).append(
-                        PlannedRow(row_id, FROM_SNAPSHOT, seq, "", values, None)
-                    )
+            for row_id, values in carried.get(session, []):
+                options.setdefault((session, row_id), []).append(
+                    PlannedRow(row_id, FROM_SNAPSHOT, seq, "", values, None)
+                )
         elif not pd.isna(m["row_id"]):
             row_id = int(m["row_id"])
             source = ABSENT if m["op"] == "delete" else FROM_MESSAGE

@@ -404,9 +404,11 @@ def _check_snapshots(
             findings.append(Finding("wrong_value", session, seq, row_id, detail))
     written = joined[joined["op"] == "snapshot"]
     earlier = _updated_before_snapshot(changes, written) if not whole else set()
+    carried_ids = (
+        {str(k): set(g.tolist()) for k, g in carried.groupby("session")["row_id"]} if len(carried) else {}
+    )
     for (name, at), group in written.groupby(["session", "seq"]):
-        wanted = carried[carried["session"] == name]
-        for missing in sorted(set(wanted["row_id"].tolist()) - set(group["row_id"].tolist())):
+        for missing in sorted(carried_ids.get(str(name), set()) - set(group["row_id"].tolist())):
             if (str(name), int(missing)) in earlier:
                 continue
             why = "" if whole else ", and no update set it before the snapshot came"
@@ -447,6 +449,3 @@ def same_values(got: Any, want: Any) -> bool:
 def _short(values: Any, most: int = 160) -> str:
     text = values if isinstance(values, str) else orjson.dumps(values, default=str).decode()
     return text if len(text) <= most else text[: most - 3] + "..."
-
-
-# ------------------------------------------------------------------------------ the tables contract

@@ -55,7 +55,15 @@ from loadtest.correctness.shards import (
     plus,
     summarise,
 )
-from loadtest.correctness.stops import JobExit, StopExpected, judge_stop, policy_stop, stop_expected
+from loadtest.correctness.stops import (
+    FoundStop,
+    JobExit,
+    StopExpected,
+    judge_stop,
+    last_batch,
+    policy_stop,
+    stop_expected,
+)
 from loadtest.correctness.tables import read_tables, read_truth_tables
 from loadtest.correctness.tally import Tally, ratio
 from loadtest.correctness.triage import READ_BACK_LIMIT, Triager
@@ -64,12 +72,6 @@ from loadtest.reports.results import Correctness, Discrepancy
 from sotw.kafka import KafkaConfig
 
 log = logging.getLogger(__name__)
-
-
-# ---------------------------------------------------------------------------------------------- checks
-
-
-# --------------------------------------------------------------------------------------------- verdict
 
 
 def verify(
@@ -110,20 +112,19 @@ def verify(
     own.gave_away(expectation.overwritten.index)
     tally = Tally()
     events, invalid = observed_events(output.integrity, expectation.top_seqs)
+    found = policy_stop(expectation, events, output.integrity)
     check_sessions(expectation, output, tally, events, invalid)
     check_placement(expectation, output, tally)
     check_values(expectation, output.changes, tally)
     check_timeouts(expectation, output, tally)
     score_faults(expectation, tally)
-    check_dead_letters(expectation, output, tally)
+    check_dead_letters(expectation, output, tally, found)
     check_delivery(expectation, tally)
     check_broker_kept(expectation, tally)
-    found = policy_stop(expectation, events)
-    stop = found[1] if found is not None else None
     discrepancies = own.triage_all(tally.discrepancies)
     if judge_the_stop:
-        discrepancies += judge_stop(stop_expected(expectation), stop, job_exit)
-    return _correctness(expectation, tally, discrepancies, stop)
+        discrepancies += judge_stop(stop_expected(expectation), found, job_exit, last_batch(output))
+    return _correctness(expectation, tally, discrepancies, found.text if found is not None else None)
 
 
 def _correctness(
@@ -218,7 +219,8 @@ class _Verdict(NamedTuple):
     correctness: Correctness
     injected: Counter[str]
     must: StopExpected | None
-    stop: tuple[str, str] | None
+    stop: FoundStop | None
+    last: int | None
 
 
 class _Shards:
@@ -271,10 +273,15 @@ class _Shards:
             verdicts.append(self._one(Shard((), (), 0, 0, 0), rest))
         injected = sum((v.injected for v in verdicts), Counter[str]())
         merged = merge([v.correctness for v in verdicts], injected)
-        must = min((v.must for v in verdicts if v.must is not None), key=lambda m: m.session, default=None)
-        found = min((v.stop for v in verdicts if v.stop is not None), default=None)
-        stop = found[1] if found is not None else None
-        stops = judge_stop(must, stop, self.job_exit)
+        must = min(
+            (v.must for v in verdicts if v.must is not None),
+            key=lambda m: (m.after_loss, m.session),
+            default=None,
+        )
+        found = min((v.stop for v in verdicts if v.stop is not None), key=lambda f: f.session, default=None)
+        last = max((v.last for v in verdicts if v.last is not None), default=None)
+        stops = judge_stop(must, found, self.job_exit, last)
+        stop = found.text if found is not None else None
         if not stops:
             return replace(merged, policy_stop=stop)
         discrepancies = [*merged.discrepancies, *stops]
@@ -302,8 +309,6 @@ class _Shards:
             correctness,
             Counter(expectation.injected),
             stop_expected(expectation),
-            policy_stop(expectation, events),
+            policy_stop(expectation, events, output.integrity),
+            last_batch(output),
         )
-
-
-# --------------------------------------------------------------------------------------------- latency

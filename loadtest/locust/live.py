@@ -108,6 +108,8 @@ class Session:
             self.control = LocalControl(self.broker)
             self._kafka = KafkaConfig(self.broker.bootstrap, dict(config.kafka_settings))
         job, root = config.job, self.dir / "pipeline"
+        if job is not None:
+            job.check_policy(profile.pipeline.policy)
         if job is not None and job.attach:
             self.pipeline = job_process(job, profile, self.kafka, root, self.prefix, ())
         elif config.pipeline and (job is None or job.command is None):

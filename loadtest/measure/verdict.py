@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from loadtest.reports.results import FAIL, INCONCLUSIVE, PASS, Figure, Verdict
 from loadtest.run.phases import STEADY
 from loadtest.run.profile import Profile
+from simulator.config import FAULT_RATES
 
 if TYPE_CHECKING:
     from loadtest.measure.figures import Outcome
@@ -97,21 +98,11 @@ def injected_kinds(profile: Profile) -> dict[str, float]:
     ]
     kinds: dict[str, float] = {}
     for config in configs:
-        for field_name, kind in FAULT_FIELDS.items():
+        for kind, field_name in FAULT_RATES.items():
             rate = float(getattr(config, field_name))
             if rate > 0:
                 kinds[kind] = max(rate, kinds.get(kind, 0.0))
     return kinds
-
-
-#: ``FaultConfig``'s rate of each fault kind, and the kind's name in the ledger.
-FAULT_FIELDS = {
-    "gap": "gap",
-    "duplicate": "duplicate",
-    "delayed": "delayed",
-    "malformed": "malformed",
-    "abandon": "abandoned",
-}
 
 
 def steady_triggers(outcome: Outcome) -> float:

@@ -181,7 +181,7 @@ class Correctness:
     values are not what their message carried, ``rows_values_checked`` the rows whose values were compared
     with it. Under ``tables``, ``sessions_judged_from_delivered`` counts the sessions that lost messages
     before the pipeline could see them, judged against the table their delivered messages build, and
-    ``sessions_not_judged`` those that could not be judged (a message whose delivery is unknown).
+    ``sessions_not_judged`` those that could not be judged (the ledger does not name their rows).
     ``latency_source`` says which commit time end-to-end latency was measured against
     (``loadtest.correctness.contracts.COMMIT_SOURCES``). ``sessions_judged`` counts the sessions the output
     was held to something for (a session allowed to be absent, and absent, was not judged);

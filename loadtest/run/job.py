@@ -128,6 +128,23 @@ class JobSpec:
             return None
         return CommandTemplate(self.command, need_checkpoint=self.lag_from is None)
 
+    def check_policy(self, policy: str) -> None:
+        """Refuse, before the load, a strict stop that cannot be judged.
+
+        Under the tables contract a strict job's stop is judged by its exit (docs/own-pipeline.md), which the
+        harness does not see of a job it attached to.
+
+        Raises
+        ------
+        HarnessError
+            For ``--attach`` with ``--contract tables`` under ``strict``.
+        """
+        if self.attach and self.contract == "tables" and policy == "strict":
+            raise HarnessError(
+                "under strict a job writing the tables contract is judged by how it exits, which a job attached "
+                "with --attach does not tell: run it with --pipeline-cmd, or write the full contract"
+            )
+
     def check_incidents(self, incidents: tuple[Incident, ...]) -> None:
         """Refuse, before the load, incidents an attached job cannot take.
 

@@ -118,6 +118,7 @@ def execute(request: RunRequest, stop: threading.Event | None = None, progress: 
         raise HarnessError(f"run directory {run_dir} is not empty; choose a new one")
     if request.job is not None:
         request.job.check_incidents(request.all_incidents)
+        request.job.check_policy(request.profile.pipeline.policy)
     run_dir.mkdir(parents=True, exist_ok=True)
     span = max((i.at_s + i.duration for i in request.all_incidents), default=0.0)
     if span and request.profile.run.steady_s < span + 10:

@@ -241,8 +241,13 @@ class Output:
         degraded_from: int | None = None,
         batch: int = 0,
         processed_ms: int = T0 + 5000,
+        mismatch_reported: bool = True,
     ) -> Output:
+        """The session's record; closed by its end with another table than the end said, the pipeline also
+        reports ``digest_mismatch`` (``mismatch_reported``)."""
         table = spec.table(applied)
+        if closed_by == "end" and mismatch_reported and table_digest(table.values()) != spec.digest():
+            self.violation(spec, "digest_mismatch", batch=batch)
         self.sessions.append(
             {
                 "sensor": spec.sensor,
@@ -254,6 +259,9 @@ class Output:
                 "row_count": len(table),
                 "digest": table_digest(table.values()),
                 "closed_by": closed_by,
+                # What the end message carried (the true table), when the end closed it.
+                "expected_rows": len(spec.table()) if closed_by == "end" else None,
+                "expected_digest": spec.digest() if closed_by == "end" else None,
                 "degraded_from_seq": degraded_from,
                 "batch_id": batch,
                 "processed_ms": processed_ms,

@@ -308,3 +308,17 @@ def test_a_session_keyed_table_s_sensor_column_must_be_its_session_s(tmp_path: P
     rows[0]["sensor"] = "0042"
     result = judge(tmp_path, ledger_rows(spec, CLEAN), [spec], rows)
     assert result.discrepancy_counts == {"wrong_sensor": 1}
+
+
+def test_a_strict_job_s_tables_may_hold_only_what_it_applied_before_its_stop_in_kafka_order(
+    tmp_path: Path,
+) -> None:
+    # Seq 3 came after seq 4: strict stops at 4 and never applies 3, though 3 is below it.
+    spec = SessionSpec()
+    ledger = ledger_rows(
+        spec, [(0, "none"), (1, "none"), (2, "none"), (4, "none"), (3, "delayed"), (5, "none"), (6, "none")]
+    )
+    stopped = JobExit(True, 3, "strict: gap")
+    assert judge_strict(tmp_path / "ok", ledger, spec, table_rows(spec, [0, 1, 2]), stopped).passed
+    past = judge_strict(tmp_path / "past", ledger, spec, table_rows(spec, [0, 1, 2, 3]), stopped)
+    assert not past.passed and past.rows_unexpected == 1

@@ -161,3 +161,21 @@ def test_a_row_filed_under_another_sensor_is_named_alike_whole_and_sharded(tmp_p
     assert in_any_order(sharded) == in_any_order(whole)
     (found,) = whole.discrepancies
     assert found.session == CALM.session and "under sensor 0002" in found.detail
+
+
+def test_after_a_strict_stop_elsewhere_a_shard_requires_only_what_the_job_read(tmp_path: Path) -> None:
+    # s1 sent seq 5 broken, then was abandoned; the job stopped on s2's gap (another sensor) before reading it.
+    s1, s2 = SessionSpec("s1", "0001"), SessionSpec("s2", "0002")
+    ledger = ledger_rows(s1, [(s, "none") for s in range(5)] + [(5, "malformed")], unsent={6: "abandoned"})
+    ledger += ledger_rows(
+        s2, [(0, "none"), (1, "none"), (2, "none"), (4, "none"), (5, "none"), (6, "none")], unsent={3: "gap"}
+    )
+    run = tmp_path / "run"
+    write_run(run, ledger, [s1, s2])
+    out = Output().apply(s1, 0, 1, 2).apply(s2, 0, 1, 2).violation(s2, "gap", got=4, missing=(3, 3))
+    root = out.write(tmp_path / "out")
+    stopped = JobExit(True, 3, "IntegrityViolation: gap")
+    whole = verify_run(run, root, Policy("strict"), job_exit=stopped)
+    sharded = verify_run(run, root, Policy("strict"), job_exit=stopped, shard_rows=1)
+    assert whole.passed, whole.discrepancies
+    assert in_any_order(sharded) == in_any_order(whole)

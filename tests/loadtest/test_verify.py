@@ -344,7 +344,12 @@ def test_ordered_drops_a_duplicate_and_a_late_message_and_reports_both(tmp_path:
     result = check(tmp_path, Policy("ordered"), ledger_rows(spec, arrivals), [spec], out)
     assert result.passed, result.discrepancies
     scores = {f.kind: (f.fault, f.recall) for f in result.faults}
-    assert scores == {"gap": ("gap", 1.0), "reorder": ("delayed", 1.0), "duplicate": ("duplicate", 1.0)}
+    assert scores == {
+        "gap": ("gap", 1.0),
+        "reorder": ("delayed", 1.0),
+        "duplicate": ("duplicate", 1.0),
+        "digest_mismatch": ("-", 1.0),  # degraded: its table is not the one its end said
+    }
 
 
 # ------------------------------------------------------------------------------------------------ once
@@ -791,7 +796,7 @@ def test_a_gap_reported_up_to_2_to_the_31_is_a_false_report_found_at_once(tmp_pa
     import time
 
     out = ordered_gap_output(SessionSpec())
-    out.integrity[0] |= {"missing_to": 2**31 - 2}
+    next(r for r in out.integrity if r["violation"] == "gap")["missing_to"] = 2**31 - 2
     began = time.monotonic()
     result = gap_run(tmp_path, "ordered", out)
     assert time.monotonic() - began < 30
@@ -821,3 +826,124 @@ def test_a_change_row_with_another_event_time_than_its_message_fails(tmp_path: P
     out = ordered_gap_output(SessionSpec())
     out.changes[-1]["event_ms"] += 5
     assert kinds(gap_run(tmp_path, "ordered", out)) == {"wrong_value"}
+
+
+# ------------------------------------------------------------------ strict stops, read adversarially
+
+STOPPED = JobExit(True, 3, "IntegrityViolation: gap")
+
+
+def test_a_strict_job_that_commits_batches_after_the_one_naming_its_stop_did_not_stop(tmp_path: Path) -> None:
+    s1, s2 = SessionSpec("s1", "0001"), SessionSpec("s2", "0002")
+    ledger = ledger_rows(s1, GAP_AT_3, unsent={3: "gap"}) + ledger_rows(s2, CLEAN)
+    out = Output(batches={0: T0 + 6000, 1: T0 + 16000, 2: T0 + 26000})
+    out.apply(s1, 0, 1, 2).violation(s1, "gap", got=4, missing=(3, 3))
+    out.apply(s2, 0, 1, 2, batch=1).apply(s2, 3, 4, 5, batch=2).session(s2, "ok", batch=2)
+    run = tmp_path / "run"
+    write_run(run, ledger, [s1, s2])
+    exp = build_expectation(Policy("strict"), read_ledger(run), read_truth(run), read_snapshots(run))
+    result = verify(exp, read_output(out.write(tmp_path / "out")), job_exit=STOPPED)
+    assert kinds(result) == {"did_not_stop"} and "committed batches up to 2" in str(result.discrepancies)
+
+
+def test_the_session_a_strict_job_names_its_stop_in_holds_everything_before_the_stop(tmp_path: Path) -> None:
+    spec = SessionSpec()
+    ledger = ledger_rows(spec, GAP_AT_3, unsent={3: "gap"})
+    short = Output().apply(spec, 0, 1).violation(spec, "gap", got=4, missing=(3, 3))
+    result = check(tmp_path, Policy("strict"), ledger, [spec], short, stopped=True)
+    assert pipelines(result) == [("lost_row", 2)]
+
+
+def test_a_copy_of_unknown_outcome_does_not_force_a_strict_stop(tmp_path: Path) -> None:
+    # Seq 3 timed out, but the broker may have it: a strict job that met no violation and kept running is right.
+    spec = SessionSpec()
+    ledger = ledger_rows(spec, CLEAN)
+    ledger[3] |= {"offset": None, "delivered": False, "acked_ts": None, "error": "Local: Message timed out"}
+    result = check(tmp_path, Policy("strict"), ledger, [spec], clean_output(spec), stopped=False)
+    assert kinds(result) == {"not_delivered"} and result.blame == {"producer": 1}
+
+
+def test_after_a_strict_stop_a_malformed_copy_the_job_read_past_in_its_partition_is_still_required(
+    tmp_path: Path,
+) -> None:
+    # s1 and s3 share sensor 0001's partition: the job wrote s3 whole from offsets 4-10, so it read s1's broken
+    # seq 3 at offset 3, then stopped on s2's gap. It must have quarantined and reported it.
+    s1, s3, s2 = SessionSpec("s1", "0001"), SessionSpec("s3", "0001"), SessionSpec("s2", "0002")
+    first = ledger_rows(s1, [(0, "none"), (1, "none"), (2, "none"), (3, "malformed"), (4, "none")])
+    for row in first:
+        if row["seq"] >= 4:
+            row["offset"] += 7
+            row["acked_ts"] += 700
+    ledger = first + ledger_rows(s3, CLEAN, first_offset=4) + ledger_rows(s2, GAP_AT_3, unsent={3: "gap"})
+    out = Output()
+    for seq in range(3):
+        out.changes += s1.change_rows(seq, offset=seq)
+    for seq in range(6):
+        out.changes += s3.change_rows(seq, offset=4 + seq)
+    out.session(s3, "ok").apply(s2, 0, 1, 2).violation(s2, "gap", got=4, missing=(3, 3))
+    result = check(tmp_path, Policy("strict"), ledger, [s1, s2, s3], out, stopped=True)
+    assert {"malformed_not_quarantined", "missed_violation"} <= kinds(result)
+    # Quarantined and reported, the same output passes.
+    fixed = check(
+        tmp_path / "fixed",
+        Policy("strict"),
+        ledger,
+        [s1, s2, s3],
+        out.dead_letter(s1, offset=3),
+        stopped=True,
+    )
+    assert fixed.passed, fixed.discrepancies
+
+
+def test_a_strict_stop_on_the_broker_s_data_loss_before_the_violation_came_is_a_stop(tmp_path: Path) -> None:
+    # The broker lost its data (offsets start again at 0 from seq 4), and the only violation shows after it:
+    # a job that stopped on the loss (failOnDataLoss) never met it.
+    spec = SessionSpec()
+    ledger = _reset_after(
+        ledger_rows(
+            spec,
+            [(0, "none"), (1, "none"), (2, "none"), (3, "none"), (5, "none"), (6, "none")],
+            first_offset=40,
+        ),
+        5,
+        44,
+    )
+    ledger.append(
+        ledger_rows(spec, [(4, "none")])[0]
+        | {"sent_ts": None, "offset": None, "delivered": False, "fault": "gap", "acked_ts": None}
+    )
+    result = check(tmp_path, Policy("strict"), ledger, [spec], Output().apply(spec, 0, 1, 2, 3), stopped=True)
+    assert "no_policy_stop" not in kinds(result), result.discrepancies
+
+
+def test_a_dead_letter_without_the_copy_s_bytes_or_quarantined_twice_fails(tmp_path: Path) -> None:
+    spec = SessionSpec()
+    ledger = ledger_rows(
+        spec, [(0, "none"), (1, "none"), (2, "malformed"), *[(s, "none") for s in range(3, 7)]]
+    )
+
+    def good() -> Output:
+        return (
+            Output()
+            .apply(spec, 0, 1, 3, 4, 5)
+            .session(spec, "degraded", applied=[0, 1, 3, 4, 5], degraded_from=2)
+            .violation(spec, "gap", got=3, missing=(2, 2))
+            .dead_letter(spec, offset=2)
+        )
+
+    assert check(tmp_path / "good", Policy("ordered"), ledger, [spec], good()).passed
+    bare = good()
+    for letter in bare.dead_letters:
+        letter.pop("value")
+    assert kinds(check(tmp_path / "bare", Policy("ordered"), ledger, [spec], bare)) == {"wrong_dead_letter"}
+    twice = good().dead_letter(spec, offset=2, reported=False)
+    assert kinds(check(tmp_path / "twice", Policy("ordered"), ledger, [spec], twice)) == {"false_dead_letter"}
+
+
+def test_a_session_closed_by_its_end_names_what_the_end_carried(tmp_path: Path) -> None:
+    out = ordered_gap_output(SessionSpec())
+    out.sessions[0] |= {"expected_rows": None, "expected_digest": None}
+    assert kinds(gap_run(tmp_path, "ordered", out)) == {"wrong_end"}
+    unreported = ordered_gap_output(SessionSpec())
+    unreported.integrity = [r for r in unreported.integrity if r["violation"] != "digest_mismatch"]
+    assert kinds(gap_run(tmp_path / "b", "ordered", unreported)) == {"missed_violation"}
