@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pandas as pd
@@ -95,7 +95,7 @@ def score_faults(exp: Expectation, tally: Tally) -> None:
 
 
 def check_dead_letters(
-    exp: Expectation, output: PipelineOutput, tally: Tally, stop: FoundStop | None = None
+    exp: Expectation, output: PipelineOutput, tally: Tally, stops: Sequence[FoundStop] = ()
 ) -> None:
     """Every malformed copy the broker took, and kept, is quarantined with its bytes; no valid message is.
 
@@ -145,11 +145,12 @@ def check_dead_letters(
             )
     given_away = set(exp.overwritten.index) if len(exp.overwritten) else set()
     read_to = _read_to(output) if exp.cut_by_stop else None
+    stopped_at = {f.session: f.offset for f in stops if f.offset is not None}
     required = [
         label
         for label in copies.index[acknowledged(copies)]
         if (label not in given_away or label in matched)
-        and _was_read(ledger.loc[label], read_to, label in matched, stop)
+        and _was_read(ledger.loc[label], read_to, label in matched, stopped_at)
     ]
     tally.counts["malformed_quarantined"] = sum(1 for label in required if label in matched)
     for label in required:
@@ -209,25 +210,24 @@ def _read_to(output: PipelineOutput) -> dict[tuple[str, int], int]:
 
 
 def _was_read(
-    copy: pd.Series, read_to: Mapping[tuple[str, int], int] | None, matched: bool, stop: FoundStop | None
+    copy: pd.Series,
+    read_to: Mapping[tuple[str, int], int] | None,
+    matched: bool,
+    stopped_at: Mapping[str, int],
 ) -> bool:
     """Whether the job must have read ``copy``: always, unless a strict stop ended its reading before it.
 
     A job a strict stop ended read each partition up to some offset (the highest its output shows), except
-    that the session it stopped on reads nothing past its violation (``stop``); a malformed copy past either
-    was never its to quarantine.
+    that each session it stopped on reads nothing past its violation (``stopped_at``: the offset of each
+    stopping violation's record); a malformed copy past either was never its to quarantine.
     """
     if read_to is None or matched:
         return True
     offset = opt_int(copy["offset"])
     if offset is None:
         return False
-    if (
-        stop is not None
-        and stop.offset is not None
-        and str(copy["session"]) == stop.session
-        and offset > stop.offset
-    ):
+    stop = stopped_at.get(str(copy["session"]))
+    if stop is not None and offset > stop:
         return False
     return offset < read_to.get((str(copy["topic"]), int(copy["partition"])), -1)
 

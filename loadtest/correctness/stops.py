@@ -127,14 +127,16 @@ class FoundStop:
     offset: int | None
 
 
-def policy_stop(
+def policy_stops(
     exp: Expectation, events: Mapping[str, set[Event]], integrity: pd.DataFrame
-) -> FoundStop | None:
-    """The violation that stopped the query, as the job's integrity output names it; None if it names none.
+) -> list[FoundStop]:
+    """Every session whose first violation the job's integrity output names as one that stops the query.
 
-    It must be the first violation of a session that may stop the query (a reading's ``stop_events``). Of
-    several, the first session by name; ``batch`` and ``offset`` are its record's (None if not written).
+    Partitions are read side by side, so one strict batch may meet a stopping violation in several sessions
+    (one a partition): each of them reads nothing past its own. Sorted by session name; ``batch`` and
+    ``offset`` are each record's (None if not written).
     """
+    found = []
     for name, readings in sorted(exp.sessions.items()):
         seen = events.get(name, set())
         for want in readings:
@@ -142,10 +144,21 @@ def policy_stop(
             if want.stop_at is not None and hit:
                 kind = hit[0][0]
                 batch, offset = _written_at(integrity, name, kind)
-                return FoundStop(
-                    name, f"{kind.replace('_', ' ')} in session {name} at seq {want.stop_at}", batch, offset
-                )
-    return None
+                text = f"{kind.replace('_', ' ')} in session {name} at seq {want.stop_at}"
+                found.append(FoundStop(name, text, batch, offset))
+                break
+    return found
+
+
+def policy_stop(
+    exp: Expectation, events: Mapping[str, set[Event]], integrity: pd.DataFrame
+) -> FoundStop | None:
+    """The violation that stopped the query, as the job's integrity output names it; None if it names none.
+
+    It must be the first violation of a session that may stop the query (a reading's ``stop_events``). Of
+    several (``policy_stops``), the first session by name.
+    """
+    return next(iter(policy_stops(exp, events, integrity)), None)
 
 
 def _written_at(integrity: pd.DataFrame, session: str, kind: str) -> tuple[int | None, int | None]:

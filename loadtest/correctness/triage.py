@@ -154,6 +154,7 @@ class Triager:
         self._reader = KafkaReader(kafka) if kafka is not None else None
         self._limit = limit
         self._reissued: pd.Series | None = None  # copies at offsets given out twice, computed on demand
+        self._sent: set[tuple[str, int]] | None = None  # (session, seq) of copies sent, computed on demand
         self.read_back = 0
         self._lost_by_broker: pd.Index = pd.Index([])  # copies the broker no longer has (``gave_away``)
 
@@ -205,6 +206,14 @@ class Triager:
             if not traced_kind or (d.kind == "false_violation" and d.seq is None):
                 continue
             # The ledger alone settles what the producer never delivered; only the rest costs a Kafka read.
+            # The two kinds made from the ledger itself are settled in bulk: a broker's data loss makes them
+            # by the hundred thousand, and a look-up each would take minutes.
+            if d.kind == "broker_lost":
+                traced[i] = self._given_away(d)
+                continue
+            if d.kind == "not_delivered" and d.seq is not None:
+                traced[i] = self._undelivered(d)
+                continue
             found = self._from_ledger(d)
             if isinstance(found, Triage):
                 traced[i] = found
@@ -264,6 +273,15 @@ class Triager:
         return Triage(
             "broker", True, True, False, detail=f"acknowledged at {where}, an offset the broker numbered anew"
         )
+
+    def _undelivered(self, d: Discrepancy) -> Triage:
+        """A message no copy of which the broker acknowledged (``check_delivery``): the producer's."""
+        if self._sent is None:
+            sent = self._ledger[self._ledger["sent_ts"].notna()]
+            self._sent = set(zip(sent["session"].astype(str), sent["seq"].astype("int64"), strict=True))
+        if (d.session, d.seq) in self._sent:
+            return Triage("producer", True, False, detail=f"sent but not acknowledged ({d.detail})")
+        return Triage("producer", sent=False, delivered=False, detail=f"never sent ({d.detail})")
 
     def _from_ledger(self, d: Discrepancy) -> Triage | pd.DataFrame:
         """The layer if the ledger settles it (never sent, never acknowledged), else the acknowledged copies."""

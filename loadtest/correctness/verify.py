@@ -62,6 +62,7 @@ from loadtest.correctness.stops import (
     judge_stop,
     last_batch,
     policy_stop,
+    policy_stops,
     stop_expected,
 )
 from loadtest.correctness.tables import read_tables, read_truth_tables
@@ -112,13 +113,14 @@ def verify(
     own.gave_away(expectation.overwritten.index)
     tally = Tally()
     events, invalid = observed_events(output.integrity, expectation.top_seqs)
-    found = policy_stop(expectation, events, output.integrity)
+    stops = policy_stops(expectation, events, output.integrity)
+    found = stops[0] if stops else None
     check_sessions(expectation, output, tally, events, invalid)
     check_placement(expectation, output, tally)
     check_values(expectation, output.changes, tally)
     check_timeouts(expectation, output, tally)
     score_faults(expectation, tally)
-    check_dead_letters(expectation, output, tally, found)
+    check_dead_letters(expectation, output, tally, stops)
     check_delivery(expectation, tally)
     check_broker_kept(expectation, tally)
     discrepancies = own.triage_all(tally.discrepancies)

@@ -156,6 +156,7 @@ recover_s = 60
     assert 3.0 <= (restart.end_ms - restart.start_ms) / 1000 < 30
 
 
+@pytest.mark.slow  # over 30 s on CI: the nightly job runs it (make test-slow)
 @pytest.mark.system  # a drill: a broker and a pipeline of its own
 def test_broker_data_loss_under_strict_stops_the_pipeline_within_five_triggers_naming_the_partition(
     tmp_path: Path,
@@ -191,6 +192,7 @@ stop_message = ["Kafka data lost", "topic '[^']+' partition \\\\d+ offsets (\\\\
     assert results.pipeline_stop is not None and "failOnDataLoss" in results.pipeline_stop
 
 
+@pytest.mark.slow  # over 30 s on CI: the nightly job runs it (make test-slow)
 @pytest.mark.system  # a drill: a broker and a pipeline of its own
 def test_a_sabotaged_pipeline_fails_its_kill_drill_on_the_rows_it_lost(tmp_path: Path):
     results = run_drill(

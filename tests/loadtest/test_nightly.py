@@ -217,6 +217,7 @@ def run_gate(tmp_path: Path, kafka, monkeypatch, *flags: str) -> tuple[int, str,
     return code, (root / "comparison.md").read_text(), load_history(root / "history")[-1]
 
 
+@pytest.mark.slow  # over 30 s on CI: the nightly job runs it (make test-slow)
 def test_the_gate_passes_unchanged_code_measured_beside_itself(tmp_path, kafka, monkeypatch):
     code, text, entry = run_gate(
         tmp_path, kafka, monkeypatch, "--only", "simulator_vs_bare", "--repeats", "3", "--max-repeats", "3"

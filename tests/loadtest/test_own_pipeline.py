@@ -71,6 +71,7 @@ def run_job(tmp_path: Path, kafka: KafkaConfig, example: str, faults: float, *fl
     return results
 
 
+@pytest.mark.slow  # over 30 s on CI: the nightly job runs it (make test-slow)
 def test_the_naive_pipeline_passes_without_faults(tmp_path: Path, kafka: KafkaConfig) -> None:
     results = run_job(tmp_path, kafka, "naive_pipeline.py", 0.0, "--contract", "tables")
 
