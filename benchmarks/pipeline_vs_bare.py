@@ -68,7 +68,7 @@ from pipeline.source.offsets import lag, offsets_from_json
 from pipeline.spark import SparkConfig, build_session
 from simulator import Simulator, SimulatorConfig
 from sotw.broker import BROKERS, local_broker
-from sotw.kafka import EndOffsets, KafkaConfig
+from sotw.kafka import EndOffsets, KafkaConfig, read_settings
 from sotw.procstats import cpu_by_kind, read_tree, rss_by_kind
 
 
@@ -386,6 +386,9 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--bootstrap", help="use this Kafka cluster instead of starting a local broker")
+    parser.add_argument(
+        "--kafka-config", type=Path, default=None, help="librdkafka settings file for --bootstrap (SASL, TLS)"
+    )
     parser.add_argument("--broker", choices=BROKERS, default="kafka", help="the local broker (default kafka)")
     parser.add_argument("--messages", type=int, default=600_000, help="backlog size (default 600000)")
     parser.add_argument("--repeats", type=int, default=2, help="runs of each side (default 2)")
@@ -489,7 +492,8 @@ def main(argv: list[str] | None = None) -> int:
     load_before = os.getloadavg()
     if args.bootstrap:
         broker_note = args.bootstrap
-        results = go(KafkaConfig(args.bootstrap))
+        settings = read_settings(args.kafka_config) if args.kafka_config else {}
+        results = go(KafkaConfig(args.bootstrap, settings))
     else:
         with local_broker(args.broker) as broker:
             broker_note = f"local {args.broker} at {broker.bootstrap}"

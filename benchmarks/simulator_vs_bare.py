@@ -50,7 +50,7 @@ from simulator.model import SensorTable
 from simulator.rdkafka import QUEUE_FULL, DirectProducer
 from sotw import wire
 from sotw.broker import BROKERS, local_broker
-from sotw.kafka import KafkaConfig, ensure_topics
+from sotw.kafka import KafkaConfig, ensure_topics, read_settings
 
 #: Each side's name in ``--sides`` and its label in the summary, in the order a round runs them.
 LABELS = {
@@ -359,6 +359,9 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--bootstrap", help="use this Kafka cluster instead of starting a local broker")
+    parser.add_argument(
+        "--kafka-config", type=Path, default=None, help="librdkafka settings file for --bootstrap (SASL, TLS)"
+    )
     parser.add_argument("--broker", choices=BROKERS, default="kafka", help="the local broker (default kafka)")
     parser.add_argument("--messages", type=int, default=600_000, help="messages per run (default 600000)")
     parser.add_argument("--repeats", type=int, default=2, help="runs of each side (default 2)")
@@ -457,7 +460,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.bootstrap:
         broker_note = args.bootstrap
-        results = go(KafkaConfig(args.bootstrap))
+        settings = read_settings(args.kafka_config) if args.kafka_config else {}
+        results = go(KafkaConfig(args.bootstrap, settings))
     else:
         with local_broker(args.broker) as broker:
             broker_note = f"local {args.broker} at {broker.bootstrap}"

@@ -21,7 +21,11 @@ under the harness::
 
     sotw run --profile smoke --contract tables --format delta --pipeline-cmd \\
       '{python} examples/delta_pipeline.py --bootstrap {bootstrap} --topics {pattern} --out {output} \\
-       --checkpoint {checkpoint} --trigger-ms {trigger_ms}'
+       --checkpoint {checkpoint} --trigger-ms {trigger_ms} --spark-options {spark_options}'
+
+``--spark-options FILE`` (the harness's ``{spark_options}``) adds the cluster's settings (SASL, TLS) as Spark's
+Kafka connector takes them: a JSON object of ``kafka.``-prefixed options, read from a file rather than the
+command line, where ``ps`` would show a password. Without it the job reads a plaintext cluster.
 """
 
 from __future__ import annotations
@@ -48,6 +52,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--out", type=Path, required=True, help="the Delta table")
     p.add_argument("--checkpoint", type=Path, required=True, help="Spark checkpoint directory")
     p.add_argument("--trigger-ms", type=int, default=1000, help="micro-batch interval in ms (1000)")
+    p.add_argument(
+        "--spark-options",
+        type=Path,
+        default=None,
+        help="JSON file of kafka.-prefixed Kafka connector options",
+    )
     return p.parse_args()
 
 
@@ -143,6 +153,8 @@ def main() -> None:
         .option("kafka.bootstrap.servers", args.bootstrap)
         .option("subscribePattern", args.topics)
         .option("startingOffsets", "earliest")
+        # The cluster's security settings (kafka.security.protocol, kafka.sasl.jaas.config, ...), if any.
+        .options(**(json.loads(args.spark_options.read_text()) if args.spark_options else {}))
         .load()
     )
     query = (

@@ -43,7 +43,8 @@ from loadtest.run.jobargs import add_job_args, add_min_judged, add_source_arg, j
 from loadtest.run.profile import Profile, changed, load_profile, parse_load
 from loadtest.run.runner import RunRequest, execute
 from loadtest.run.stage import BrokerCommands
-from sotw.cliargs import add_kafka_args, add_logging_args, kafka_config, setup_logging
+from loadtest.run.topicargs import add_security_arg, add_topic_args, security_from_args, topics_from_args
+from sotw.cliargs import add_kafka_args, add_logging_args, cluster_config, setup_logging
 from sotw.kafka import KafkaConfig
 
 
@@ -58,6 +59,8 @@ def _parser(command: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=f"sotw {command}", description=descriptions[command])
     if command == "run":
         p.add_argument("--load", default="1x", help="load factor: 1x, 10x, 2.5x (default 1x)")
+        add_security_arg(p)
+        add_topic_args(p)
     p.add_argument("--profile", default="baseline", help="profile name in the scenario file (baseline)")
     p.add_argument(
         "--scenario", type=Path, default=None, help="scenario TOML (default: the shipped scenarios.toml)"
@@ -124,6 +127,7 @@ def _drill_parser() -> argparse.ArgumentParser:
     )
     add_source_arg(p)
     add_min_judged(p)
+    add_security_arg(p)
     p.add_argument(
         "--run-dir", type=Path, default=None, help="where to write (default runs/drill-<name>-<time>)"
     )
@@ -168,6 +172,11 @@ def run_drill(
         If the drill sets ``broker_settings`` but runs on a cluster given with ``--bootstrap``, whose settings
         are its own.
     """
+    if kafka is not None and drill.security != "plaintext":
+        raise HarnessError(
+            f"drill {drill.name} asks for a {drill.security} local broker: run it without --bootstrap, or drop "
+            "security from a copy of the drill file (a cluster's own settings go in --kafka-config)"
+        )
     if kafka is not None and drill.broker_settings:
         raise HarnessError(
             f"drill {drill.name} sets broker_settings ({', '.join(sorted(drill.broker_settings))}) for the local "
@@ -190,6 +199,7 @@ def run_drill(
         incidents=drill.incidents,
         broker=drill.broker,
         broker_settings=drill.broker_settings,
+        security=drill.security,
         broker_commands=commands,
         job=job,
     )
@@ -223,7 +233,8 @@ def drill_main(rest: Sequence[str]) -> int:
         drill = dataclasses.replace(drill, pipeline={**drill.pipeline, "source": args.source})
     if args.min_judged is not None:
         drill = dataclasses.replace(drill, run={**drill.run, "min_judged": args.min_judged})
-    kafka: KafkaConfig | None = kafka_config(args) if args.bootstrap else None
+    drill = dataclasses.replace(drill, security=security_from_args(args, drill.security))
+    kafka: KafkaConfig | None = cluster_config(args)
     commands = BrokerCommands(
         args.broker_stop_cmd, args.broker_start_cmd, args.broker_pause_cmd, args.broker_resume_cmd
     )
@@ -303,14 +314,25 @@ def main(argv: Sequence[str]) -> int:
     setup_logging(args)
     job = job_from_args(args)
     profile = _profile(args)
-    kafka: KafkaConfig | None = kafka_config(args) if args.bootstrap else None
+    kafka: KafkaConfig | None = cluster_config(args)
     root = args.run_dir or Path("runs") / f"{command}-{time.strftime('%Y%m%d-%H%M%S')}"
     stop = _stop_on_signals()
     cmdline = "sotw " + shlex.join([command, *rest])
     planted = ("--batch-delay", f"{args.plant_batch_delay:g}") if args.plant_batch_delay > 0 else ()
     if command == "run":
         factor = parse_load(args.load)
-        request = RunRequest(profile, factor, root, kafka, command=cmdline, job=job, pipeline_args=planted)
+        request = RunRequest(
+            profile,
+            factor,
+            root,
+            kafka,
+            command=cmdline,
+            job=job,
+            pipeline_args=planted,
+            security=security_from_args(args),
+            topics=topics_from_args(args),
+            cleanup=args.cleanup,
+        )
         result = execute(request, stop, _say)
         return _finish([result], root, "report")
     if command == "bench":

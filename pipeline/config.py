@@ -113,6 +113,13 @@ class PipelineConfig:
             raise ValueError(f"max_offsets_per_trigger must be >= 1, got {self.max_offsets_per_trigger}")
         if self.discovery_interval_ms < 0:
             raise ValueError(f"discovery_interval_ms must be >= 0, got {self.discovery_interval_ms}")
+        if self.source == "spark-kafka":
+            from sotw.javaconfig import JavaConfigError, java_settings
+
+            try:  # before Spark starts: a setting the connector cannot take is named now
+                java_settings(self.kafka.settings)
+            except JavaConfigError as exc:
+                raise ValueError(f"--source spark-kafka: {exc}") from None
         if self.output.resolve() == self.checkpoint.resolve():
             raise ValueError("output and checkpoint must be different directories")
 
@@ -138,6 +145,10 @@ class PipelineConfig:
             opts["kafka.metadata.max.age.ms"] = str(self.discovery_interval_ms)
         if self.max_offsets_per_trigger is not None:
             opts["maxOffsetsPerTrigger"] = str(self.max_offsets_per_trigger)
-        for key, value in self.kafka.settings.items():
-            opts[f"kafka.{key}"] = value
+        if self.source == "sotw-kafka":  # sotw's reader is librdkafka: its settings as they are
+            opts.update({f"kafka.{key}": value for key, value in self.kafka.settings.items()})
+        else:  # Spark's connector is the Java client: the same settings in its names (sotw.javaconfig)
+            from sotw.javaconfig import spark_options
+
+            opts.update(spark_options(self.kafka.settings))
         return opts

@@ -151,6 +151,9 @@ class SimulatorConfig:
         Each sensor publishes to ``<topic_prefix><sensor-id>``.
     partitions
         Partitions of each sensor topic.
+    replication_factor, min_insync_replicas
+        Replicas of each partition of the topics the simulator creates, and their ``min.insync.replicas``;
+        None leaves them to the cluster's defaults.
     rate
         Target total messages per second before ``load_factor``; 0 means as fast as the broker takes them.
     load_factor
@@ -205,6 +208,8 @@ class SimulatorConfig:
     columns: int = 4
     topic_prefix: str = "sotw-sensor-"
     partitions: int = 3
+    replication_factor: int | None = None
+    min_insync_replicas: int | None = None
     rate: float = 2000.0
     load_factor: float = 1.0
     skew: float = 0.0
@@ -275,6 +280,9 @@ class SimulatorConfig:
             integer("max_messages", 1)
         if self.record_every_s is not None:
             number("record_every_s", 0, strict=True)
+        for name in ("replication_factor", "min_insync_replicas"):
+            if getattr(self, name) is not None:
+                integer(name, 1)
         if self.duration_s is None and self.max_messages is None and self.rate == 0:
             raise SimulatorError("an unthrottled run (rate 0) needs duration_s or max_messages")
         if not isinstance(self.faults, FaultConfig):

@@ -321,12 +321,22 @@ class Simulator:
         if changes and self._planner is not None:
             self._planner.faults_changed()
         if recreate and self._fleet is not None:
-            ensure_topics(self.kafka, {s.topic: self.config.partitions for s in self._fleet.active})
+            self._ensure_topics([s.topic for s in self._fleet.active])
         if self._sender is not None and self._sender.fatal:
             # After a fatal error (an unclean leader election put its sequence numbers out of step with a
             # partition's new leader) the producer refuses everything: a client makes a new one and goes on.
             self._sender.renew(self._open_producer()[0])
         return factor, joins
+
+    def _ensure_topics(self, topics: list[str]) -> None:
+        cfg = self.config
+        isr = cfg.min_insync_replicas
+        ensure_topics(
+            self.kafka,
+            dict.fromkeys(topics, cfg.partitions),
+            replication_factor=cfg.replication_factor,
+            topic_config={"min.insync.replicas": str(isr)} if isr is not None else None,
+        )
 
     def _open_producer(self) -> tuple[MessageProducer, str]:
         """A new producer with the run's settings (its path, and the settings the ledger can use)."""
@@ -385,7 +395,7 @@ class Simulator:
         fleet = Fleet(cfg, rng, self.run_id, ledger)
         for _ in range(cfg.sensors):
             fleet.join(0)
-        ensure_topics(self.kafka, {s.topic: cfg.partitions for s in fleet.active})
+        self._ensure_topics([s.topic for s in fleet.active])
         planner = Planner(cfg, rng, fleet, self._faults, truth, self.clock)
         planner.warm_up()
         sender = Sender(
@@ -506,7 +516,7 @@ class Simulator:
                 self._dispatch(planned)
             self._planned += len(block.closing)
             if block.joined:
-                ensure_topics(self.kafka, {s.topic: cfg.partitions for s in block.joined})
+                self._ensure_topics([s.topic for s in block.joined])
                 log.info("sensors joined: %s", ", ".join(s.id for s in block.joined))
             self._send_block(block)
             self._planned += len(block)

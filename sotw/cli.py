@@ -32,6 +32,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "loadtest.regressions.nightly",
         "the benchmark set, its history, the regression check and the trend page",
     ),
+    "topics": ("sotw.topics", "list or delete a run's topics by prefix (`topics list --prefix P`)"),
     "plan": (
         "loadtest.planning.plan",
         "how many executor cores, partitions and brokers a fleet needs (`plan measure`)",

@@ -10,7 +10,12 @@ import argparse
 import logging
 from pathlib import Path
 
-from sotw.kafka import KafkaConfig, parse_settings
+from sotw.errors import SotwError
+from sotw.kafka import KafkaConfig, parse_settings, read_settings, refuse_secrets
+
+
+class KafkaArgsError(SotwError, ValueError):
+    """A ``--kafka-config`` file or ``-X`` setting that cannot be taken: a ``SotwError`` (one line, exit 1)."""
 
 
 def add_kafka_args(parser: argparse.ArgumentParser) -> None:
@@ -25,7 +30,8 @@ def add_kafka_args(parser: argparse.ArgumentParser) -> None:
         "--kafka-config",
         metavar="FILE",
         type=Path,
-        help="librdkafka settings file, one key=value per line (SASL, TLS, tuning)",
+        help="librdkafka settings file, one key=value per line (SASL, TLS, tuning); the only place for "
+        "secrets (passwords, keys): keep it readable by you alone (chmod 600)",
     )
     group.add_argument(
         "-X",
@@ -33,19 +39,29 @@ def add_kafka_args(parser: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         action="append",
         default=[],
-        help="one librdkafka setting; repeatable and applied after --kafka-config",
+        help="one librdkafka setting; repeatable and applied after --kafka-config; secrets are refused here "
+        "(ps shows every command line): put them in --kafka-config",
     )
 
 
 def kafka_settings(args: argparse.Namespace) -> dict[str, str]:
-    """The librdkafka settings from ``--kafka-config`` then ``-X``."""
+    """The librdkafka settings from ``--kafka-config`` then ``-X``.
+
+    Raises
+    ------
+    ValueError
+        If the file cannot be read or has a line that is not ``key=value``, or a ``-X`` gives a secret
+        (``sotw.kafka.is_secret``): the message names the setting and ``--kafka-config FILE``.
+    """
     settings: dict[str, str] = {}
-    if args.kafka_config is not None:
-        try:
-            settings.update(parse_settings(args.kafka_config.read_text().splitlines()))
-        except OSError as exc:
-            raise ValueError(f"cannot read --kafka-config {args.kafka_config}: {exc.strerror}") from None
-    settings.update(parse_settings(args.kafka_settings))
+    try:
+        if args.kafka_config is not None:
+            settings.update(read_settings(args.kafka_config))
+        given = parse_settings(args.kafka_settings)
+        refuse_secrets(given, "-X")
+    except ValueError as exc:
+        raise KafkaArgsError(str(exc)) from None
+    settings.update(given)
     return settings
 
 
@@ -55,6 +71,16 @@ def kafka_config(args: argparse.Namespace, bootstrap: str | None = None) -> Kafk
     if not address:
         raise ValueError("no Kafka cluster: pass --bootstrap HOST:PORT")
     return KafkaConfig(address, kafka_settings(args))
+
+
+def cluster_config(args: argparse.Namespace) -> KafkaConfig | None:
+    """``--bootstrap``'s ``KafkaConfig``, or None when the command starts a local broker.
+
+    The settings are read and checked either way, so a secret given with ``-X`` is refused even when no
+    ``--bootstrap`` would use it.
+    """
+    settings = kafka_settings(args)
+    return KafkaConfig(args.bootstrap, settings) if args.bootstrap else None
 
 
 def add_logging_args(parser: argparse.ArgumentParser) -> None:

@@ -2,7 +2,8 @@
 
 ``KafkaConfig`` carries the bootstrap address and librdkafka settings from the CLI inward; every client in
 sotw builds its configuration from it, so SASL, TLS and tuning flags given once reach every producer and
-consumer.
+consumer. Some settings are secrets (``is_secret``): ``KafkaConfig.redacted`` is the one form of the settings
+that may be shown, logged or written to a report, and ``refuse_secrets`` keeps them off command lines.
 ``EndOffsets`` reads the watermarks of many partitions in two requests, waiting out the moments when a
 partition has no leader.
 """
@@ -13,11 +14,55 @@ import time
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from sotw.errors import BrokerError
+
+#: What a secret setting's value is shown as.
+REDACTED = "[redacted]"
+#: Words in a setting's name that make its value a secret: a password, a secret, a key's passphrase, a JAAS
+#: login (which holds a password).
+_SECRET_WORDS = ("password", "secret", "passphrase", "jaas")
+#: Secrets whose names say so less plainly: private keys as strings, and OAUTHBEARER's free-form settings
+#: (its unsecured tokens and extensions may carry credentials).
+_SECRET_NAMES = frozenset({"ssl_key", "ssl.keystore.key", "sasl.oauthbearer.config"})
+
+
+def is_secret(name: str) -> bool:
+    """Whether a client setting's value is a secret, by its name (librdkafka's or the Java client's).
+
+    Passwords (``sasl.password``, ``ssl.key.password``, ``ssl.keystore.password``), secrets
+    (``sasl.oauthbearer.client.secret``), passphrases, private keys as strings (``ssl.key.pem``,
+    ``ssl_key.pem``, the Java client's ``ssl.keystore.key``), a JAAS login (``sasl.jaas.config``) and
+    ``sasl.oauthbearer.config``. A file's location (``ssl.key.location``) is not a secret; the file is.
+    """
+    key = name.strip().lower()
+    return any(word in key for word in _SECRET_WORDS) or key in _SECRET_NAMES or key.endswith("key.pem")
+
+
+def redact(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """``settings`` with every secret's value replaced by ``REDACTED``: the form that may be shown or stored."""
+    return {k: (REDACTED if is_secret(k) else v) for k, v in settings.items()}
+
+
+def refuse_secrets(settings: Mapping[str, Any], where: str) -> None:
+    """Refuse secret settings given where others can read them (a command line, a scenario's table).
+
+    Raises
+    ------
+    ValueError
+        Naming the first secret setting, where it was given and the way out (``--kafka-config FILE``).
+    """
+    secret = next((k for k in settings if is_secret(k)), None)
+    if secret is not None:
+        raise ValueError(
+            f"{where} {secret}: a secret is never taken {'there' if ' ' in where else 'on the command line'} "
+            "(every process's command line can be read with ps); put it in a settings file given with "
+            "--kafka-config FILE, readable only by you (chmod 600)"
+        )
 
 
 @dataclass(frozen=True)
@@ -35,12 +80,28 @@ class KafkaConfig:
     bootstrap: str
     settings: Mapping[str, str] = field(default_factory=dict)
 
+    def __repr__(self) -> str:
+        # A config ends up in tracebacks and log lines: never with its secrets.
+        return f"KafkaConfig(bootstrap={self.bootstrap!r}, settings={self.redacted()!r})"
+
     def __post_init__(self) -> None:
         if not self.bootstrap or any(":" not in hp for hp in self.bootstrap.split(",")):
             raise ValueError(f"bootstrap must be HOST:PORT[,HOST:PORT...], got {self.bootstrap!r}")
         if "bootstrap.servers" in self.settings:
             raise ValueError("give the bootstrap address as bootstrap, not as a 'bootstrap.servers' setting")
         object.__setattr__(self, "settings", dict(self.settings))
+
+    def redacted(self) -> dict[str, str]:
+        """The settings as they may be printed, logged or stored: each secret's value is ``REDACTED``."""
+        return redact(self.settings)
+
+    def public_settings(self) -> dict[str, str]:
+        """The settings that are not secrets (``is_secret``): what may travel in clear to another process."""
+        return {k: v for k, v in self.settings.items() if not is_secret(k)}
+
+    def secret_names(self) -> list[str]:
+        """The names of the secret settings, sorted (their values stay here)."""
+        return sorted(k for k in self.settings if is_secret(k))
 
     def client(self, **overrides: Any) -> dict[str, Any]:
         """Return a fresh librdkafka configuration dict: our defaults, then ``settings``, then ``overrides``.
@@ -89,18 +150,59 @@ def setting_text(value: Any) -> str:
 def parse_settings(pairs: Iterable[str]) -> dict[str, str]:
     """Turn ``key=value`` strings (``-X`` flags or lines of a settings file) into a dict.
 
-    Blank lines and lines starting with ``#`` are skipped.
+    Blank lines and lines starting with ``#`` are skipped. A bad line is named by its number, not its text: a
+    settings file's lines may hold secrets.
     """
     out: dict[str, str] = {}
-    for raw in pairs:
+    for number, raw in enumerate(pairs, 1):
         line = raw.strip()
         if not line or line.startswith("#"):
             continue
         key, sep, value = line.partition("=")
         if not sep or not key.strip():
-            raise ValueError(f"librdkafka setting {line!r} is not key=value")
+            raise ValueError(
+                f"librdkafka setting number {number} is not key=value (its text is not shown: it may be a secret)"
+            )
         out[key.strip()] = value.strip()
     return out
+
+
+def read_settings(path: Path) -> dict[str, str]:
+    """The librdkafka settings of a settings file (``--kafka-config``): ``key=value`` lines, ``#`` comments.
+
+    Raises
+    ------
+    ValueError
+        If the file cannot be read, or a line is not ``key=value`` (named by the file).
+    """
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ValueError(f"cannot read --kafka-config {path}: {exc.strerror}") from None
+    try:
+        return parse_settings(text.splitlines())
+    except ValueError as exc:
+        raise ValueError(f"--kafka-config {path}: {exc}") from None
+
+
+def settings_text(settings: Mapping[str, Any], heading: str = "") -> str:
+    """``settings`` as a settings file's text (``read_settings`` reads it back): one ``key=value`` a line.
+
+    Raises
+    ------
+    ValueError
+        For a value that spans lines (a PEM string): a settings file has one setting a line; give the PEM's
+        file instead (``ssl.key.location`` for ``ssl.key.pem``).
+    """
+    lines = [f"# {heading}"] if heading else []
+    for key, value in settings.items():
+        text = setting_text(value)
+        if "\n" in text or "\r" in text:
+            raise ValueError(
+                f"setting {key} spans lines, which a settings file cannot hold: give its file instead"
+            )
+        lines.append(f"{key}={text}")
+    return "\n".join(lines) + "\n"
 
 
 def transient(err: Any) -> bool:
@@ -224,8 +326,17 @@ class EndOffsets:
         return int(offset)
 
 
-def ensure_topics(config: KafkaConfig, topics: Mapping[str, int], timeout: float = 10.0) -> None:
-    """Create each topic with the given partition count; topics that already exist are left as they are."""
+def ensure_topics(
+    config: KafkaConfig,
+    topics: Mapping[str, int],
+    timeout: float = 10.0,
+    replication_factor: int | None = None,
+    topic_config: Mapping[str, str] | None = None,
+) -> None:
+    """Create each topic with the given partition count; topics that already exist are left as they are.
+
+    ``replication_factor`` and ``topic_config`` (``min.insync.replicas``, ...) default to the cluster's.
+    """
     from confluent_kafka import KafkaError
     from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -233,7 +344,16 @@ def ensure_topics(config: KafkaConfig, topics: Mapping[str, int], timeout: float
         return
     admin = AdminClient(config.client())
     futures = admin.create_topics(
-        [NewTopic(name, num_partitions=parts) for name, parts in topics.items()], operation_timeout=timeout
+        [
+            NewTopic(
+                name,
+                num_partitions=parts,
+                replication_factor=replication_factor or -1,
+                config=dict(topic_config or {}),
+            )
+            for name, parts in topics.items()
+        ],
+        operation_timeout=timeout,
     )
     for name, future in futures.items():
         try:

@@ -1,7 +1,8 @@
 """Shared fixtures: one real broker and one real SparkSession per test session.
 
 The broker is a local Apache Kafka node. Set ``SOTW_TEST_BOOTSTRAP=HOST:PORT`` to run the suite against an
-existing Kafka cluster instead.
+existing Kafka cluster instead. Tests of a secured cluster share one ``sasl_ssl`` node (``secured_kafka``),
+started only if one of them runs.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import itertools
 import os
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +23,12 @@ import pytest
 os.environ.setdefault("LOCUST_SKIP_MONKEY_PATCH", "1")
 
 from simulator import RunSummary, Simulator, SimulatorConfig  # noqa: E402
-from sotw.broker import local_broker  # noqa: E402
+from sotw.broker import KafkaBroker, local_broker  # noqa: E402
+from sotw.broker.users import RunUser  # noqa: E402
 from sotw.kafka import KafkaConfig  # noqa: E402
 
 #: Fixtures that start the session's real parts: a test that uses one (directly or through another) needs them.
-SYSTEM_FIXTURES = frozenset({"bootstrap", "spark"})
+SYSTEM_FIXTURES = frozenset({"bootstrap", "spark", "secured_kafka"})
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -54,6 +57,46 @@ def bootstrap() -> Iterator[str]:
 def kafka(bootstrap: str) -> KafkaConfig:
     """A ``KafkaConfig`` for the session's broker."""
     return KafkaConfig(bootstrap)
+
+
+@dataclass(frozen=True)
+class SecuredKafka:
+    """The session's secured (``sasl_ssl``) one-node broker, as its tests see it.
+
+    Attributes
+    ----------
+    broker
+        The broker itself (for its log and secrets; tests must not stop or pause it: others share it).
+    bootstrap
+        ``HOST:PORT`` clients connect to.
+    admin_config
+        The admin's librdkafka settings file (mode 0600): a super user.
+    data_dir
+        The broker's data directory (``tls/ca.pem``, ``users/``, ``node-1/``).
+    kafka
+        A ``KafkaConfig`` with the admin's settings.
+    """
+
+    broker: KafkaBroker
+    bootstrap: str
+    admin_config: Path
+    data_dir: Path
+    kafka: KafkaConfig
+
+    def user(self, topic_prefix: str, name: str | None = None) -> RunUser:
+        """A new user holding only a run's ACLs on ``topic_prefix`` (its settings file: ``.settings_path``)."""
+        return self.broker.add_user(name or f"u{uuid.uuid4().hex[:8]}", topic_prefix)
+
+
+@pytest.fixture(scope="session")
+def secured_kafka() -> Iterator[SecuredKafka]:
+    """One one-node ``sasl_ssl`` broker for the session, started the first time a test asks for it."""
+    # A secured start takes 12-40 s on the 2-core machine, depending on what else runs: room for a busy one.
+    with KafkaBroker(security="sasl_ssl", start_timeout=120) as broker:
+        assert broker.admin_config_path is not None and broker.data_dir is not None
+        yield SecuredKafka(
+            broker, broker.bootstrap, broker.admin_config_path, broker.data_dir, broker.kafka_config()
+        )
 
 
 _counter = itertools.count()

@@ -8,6 +8,7 @@ A drill file is TOML::
     load = "10x"
     broker = "kafka"                  # the local broker: kafka (one node, default) or kafka-3
     broker_settings = { "min.insync.replicas" = 1 }   # server.properties of its nodes (optional)
+    security = "sasl_ssl"             # the local broker's security (optional; plaintext by default)
     simulator = { faults = {} }       # changes to the profile's fleet and faults (optional)
     pipeline = { trigger = "1s" }     # changes to its pipeline settings (optional)
     run = { steady_s = 90 }           # changes to its phases (optional)
@@ -43,6 +44,7 @@ from loadtest.gameday.incident import Incident
 from loadtest.gameday.incidents import incident_from_mapping
 from loadtest.reports.results import VERDICTS, Correctness, DrillCheck, DrillScore, IncidentResult
 from sotw.broker.local import check_broker
+from sotw.broker.security import security_mode
 from sotw.errors import BrokerError
 
 
@@ -223,6 +225,7 @@ class Drill:
     scenario: Path | None = None
     broker: str = "kafka"
     broker_settings: Mapping[str, str] = field(default_factory=dict)
+    security: str = "plaintext"
     simulator: Mapping[str, Any] = field(default_factory=dict)
     pipeline: Mapping[str, Any] = field(default_factory=dict)
     run: Mapping[str, Any] = field(default_factory=dict)
@@ -233,6 +236,7 @@ class Drill:
     def __post_init__(self) -> None:
         try:
             check_broker(self.broker)
+            security_mode(self.security)
         except BrokerError as exc:
             raise HarnessError(f"drill {self.name}: {exc}") from None
         unknown = sorted(set(self.expect) - set(EXPECTATIONS))
@@ -273,6 +277,7 @@ def drill_from_mapping(name: str, doc: Mapping[str, Any], path: Path | None = No
         "scenario",
         "broker",
         "broker_settings",
+        "security",
         "simulator",
         "pipeline",
         "run",
@@ -299,6 +304,7 @@ def drill_from_mapping(name: str, doc: Mapping[str, Any], path: Path | None = No
         scenario=Path(scenario) if scenario is not None else None,
         broker=str(head.get("broker", "kafka")),
         broker_settings=_broker_settings(head.get("broker_settings", {}), where),
+        security=str(head.get("security", "plaintext")),
         simulator=dict(head.get("simulator", {})),
         pipeline=dict(head.get("pipeline", {})),
         run=dict(head.get("run", {})),

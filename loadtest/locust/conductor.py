@@ -306,16 +306,19 @@ class Conductor:
             "rate": self.profile.simulator.rate,
             "simulator": config.to_dict(),
             "bootstrap": self.info["bootstrap"],
+            # Over the network a worker is told which secrets the cluster needs, never their values: it has
+            # them from its own --kafka-config (ProcessSide.assign).
             "kafka_settings": self.info.get("kafka_settings") or {},
+            "kafka_secrets": self.info.get("kafka_secrets") or [],
             "run_dir": str(Path(self.run.run_dir) / "parts" / name),
         }
 
     def _assign(self, part: Part, index: int, of: int) -> None:
         self.parts[part.name] = part
         assignment = self.assignment(part.name, index, of)
-        if part.client_id is None:
+        if part.client_id is None:  # this process: its own settings, secrets included, never on the wire
             assert self.side is not None
-            self.side.assign(assignment)
+            self.side.assign({**assignment, "kafka_settings": dict(self.settings.live.kafka_settings)})
         else:
             self.env.runner.send_message(ASSIGN, assignment, client_id=part.client_id)
 
@@ -546,6 +549,8 @@ class Conductor:
             self.live.send_message(commands.to_wire(commands.Quit()))
             self.live.end(timeout=120.0)
             self.live = None
+        # The harness deletes its secrets' file once read; one it never read goes now (LiveConfig.write).
+        (self.session_dir / "live-secrets.properties").unlink(missing_ok=True)
 
     # ------------------------------------------------------------------------------------- outputs
 

@@ -24,6 +24,7 @@ from typing import Any
 from gevent.event import Event
 from locust.stats import StatsError, bucket_response_time
 
+from loadtest.errors import HarnessError
 from loadtest.locust.feeder import FeederConfig
 from loadtest.locust.fleetplan import process_factor
 from loadtest.locust.lines import Child
@@ -113,8 +114,10 @@ class ProcessSide:
         The Locust environment (its events receive the request events).
     """
 
-    def __init__(self, environment: Any) -> None:
+    def __init__(self, environment: Any, kafka_settings: Mapping[str, str] | None = None) -> None:
         self.environment = environment
+        #: This process's own librdkafka settings (its --kafka-config): where a worker's secrets come from.
+        self.kafka_settings = dict(kafka_settings or {})
         self.users = 0
         self.part = ""
         self.share = 1.0
@@ -178,13 +181,35 @@ class ProcessSide:
         config = FeederConfig(
             simulator=simulator,
             bootstrap=str(assignment["bootstrap"]),
-            kafka_settings=dict(assignment.get("kafka_settings") or {}),
+            kafka_settings=self.settings_for(assignment),
             run_dir=str(run_dir),
         )
         path = config.write(run_dir / "feeder.json")
         self.feeder = Child("loadtest.locust.feeder", [str(path)], self._on_event, run_dir / "feeder.log")
         log.info("%s: simulator started (pid %d) in %s", self.part, self.feeder.pid, run_dir)
         self._apply()  # users that joined while it was starting
+
+    def settings_for(self, assignment: Mapping[str, Any]) -> dict[str, str]:
+        """The feeder's librdkafka settings: the assignment's, with the secrets it names from our own settings.
+
+        A master sends the names of the cluster's secret settings, never their values (its assignments cross
+        the network in clear); a worker takes the values from its own ``--kafka-config``.
+
+        Raises
+        ------
+        HarnessError
+            Naming the secrets this process was not given.
+        """
+        settings = dict(assignment.get("kafka_settings") or {})
+        names = [str(n) for n in assignment.get("kafka_secrets") or []]
+        missing = [n for n in names if n not in settings and n not in self.kafka_settings]
+        if missing:
+            raise HarnessError(
+                f"{self.part}: the cluster needs {', '.join(missing)}, which the master never sends over the network: "
+                "start this worker with --kafka-config FILE holding them (a copy of the master's file, mode 0600)"
+            )
+        settings.update({n: self.kafka_settings[n] for n in names if n not in settings})
+        return settings
 
     def control(self, control: Control) -> None:
         """Set or clear the load an incident asked for (``SetLoad``), or pass any other control to the feeder."""

@@ -33,6 +33,7 @@ from loadtest.locust.lines import Events, commands
 from loadtest.run.controls import SetFaults, StopFeeding, carry_out, from_wire
 from simulator.config import SimulatorConfig
 from simulator.producer import Simulator
+from sotw.clientfiles import hand_over, take_over
 from sotw.errors import SotwError
 from sotw.kafka import KafkaConfig
 
@@ -62,15 +63,24 @@ class FeederConfig:
     report_every_s: float = 1.0
 
     def write(self, path: Path) -> Path:
-        """Write as JSON to ``path``; returns it."""
+        """Write as JSON to ``path``; returns it.
+
+        Secret settings go to a file of their own beside it (mode 0600), which ``read`` deletes once read.
+        """
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(dataclasses.asdict(self), indent=1))
+        data = dataclasses.asdict(self)
+        data["kafka_settings"], data["kafka_secrets_file"] = hand_over(
+            self.kafka_settings, path.with_name(path.stem + "-secrets.properties")
+        )
+        path.write_text(json.dumps(data, indent=1))
         return path
 
     @classmethod
     def read(cls, path: Path) -> FeederConfig:
-        """Read what ``write`` wrote."""
-        return cls(**json.loads(path.read_text()))
+        """Read what ``write`` wrote (and delete its secrets' file)."""
+        data = json.loads(path.read_text())
+        data["kafka_settings"] = take_over(data["kafka_settings"], data.pop("kafka_secrets_file", None))
+        return cls(**data)
 
 
 class AckReader:

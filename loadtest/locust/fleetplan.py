@@ -26,6 +26,7 @@ from loadtest.errors import HarnessError
 from loadtest.run.job import JobSpec
 from loadtest.run.profile import Profile, load_profile
 from simulator.config import SimulatorConfig
+from sotw.clientfiles import hand_over, take_over
 
 #: Users that make the profile's 1x load, unless ``--users-per-x`` says otherwise.
 USERS_PER_X = 10
@@ -99,6 +100,9 @@ class LiveConfig:
         A running cluster; None starts a local broker.
     broker
         The local broker: ``kafka`` (one Apache Kafka node) or ``kafka-3`` (``sotw.broker.BROKERS``).
+    security
+        The local broker's security (``sotw.broker.SECURITY_MODES``); its admin's settings reach every client
+        of this process. Refused with ``bootstrap``.
     job
         The job under test when it is not sotw's pipeline, or how its output is read, as ``sotw run`` takes it
         (``--pipeline-cmd``, ``--attach``, ``--contract``, ...; ``loadtest.run.job.JobSpec``): a team's
@@ -125,6 +129,7 @@ class LiveConfig:
     bootstrap: str | None = None
     kafka_settings: Mapping[str, str] = field(default_factory=dict)
     broker: str = "kafka"
+    security: str = "plaintext"
     job: JobSpec | None = None
     pipeline: bool = True
     tag: str = ""
@@ -153,16 +158,24 @@ class LiveConfig:
         return f"{profile.simulator.topic_prefix}{self.tag}-" if self.tag else profile.simulator.topic_prefix
 
     def write(self, path: Path) -> Path:
-        """Write as JSON to ``path``; returns it."""
+        """Write as JSON to ``path``; returns it.
+
+        Secret settings stay out of the JSON: they go to a file of their own beside it (mode 0600), which
+        ``read`` deletes once it has read it (``sotw.clientfiles.hand_over``).
+        """
         path.parent.mkdir(parents=True, exist_ok=True)
         data = dataclasses.asdict(dataclasses.replace(self, job=None))
         data["job"] = self.job.to_dict() if self.job is not None else None
+        data["kafka_settings"], data["kafka_secrets_file"] = hand_over(
+            self.kafka_settings, path.with_name(path.stem + "-secrets.properties")
+        )
         path.write_text(json.dumps(data, indent=1))
         return path
 
     @classmethod
     def read(cls, path: Path) -> LiveConfig:
-        """Read what ``write`` wrote."""
+        """Read what ``write`` wrote (and delete its secrets' file)."""
         data: dict[str, Any] = json.loads(path.read_text())
         job = data.pop("job", None)
+        data["kafka_settings"] = take_over(data["kafka_settings"], data.pop("kafka_secrets_file", None))
         return cls(**data, job=JobSpec.from_dict(job) if job else None)

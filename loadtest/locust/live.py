@@ -53,12 +53,13 @@ from loadtest.locust.commands import (
 from loadtest.locust.fleetplan import LiveConfig
 from loadtest.locust.lines import Events, commands
 from loadtest.locust.liverun import LocustRun
-from loadtest.run.job import job_process, kafka_flags
+from loadtest.run.job import job_process
 from loadtest.run.processes import AttachedPipeline, PipelineProcess
 from loadtest.run.stage import LocalControl
 from sotw.broker import LocalBroker, local_broker
 from sotw.errors import SotwError
 from sotw.kafka import KafkaConfig
+from sotw.preflight import preflight
 
 log = logging.getLogger(__name__)
 
@@ -100,28 +101,37 @@ class Session:
         """Start the broker and the pipeline as configured; announce them with a ``ready`` event."""
         config, profile = self.config, self.profile
         if config.bootstrap is not None:
+            if config.security != "plaintext":
+                raise HarnessError("--security is for the local broker: give a cluster's with --kafka-config")
             self._kafka = KafkaConfig(config.bootstrap, dict(config.kafka_settings))
+            # The same pre-flight as ``sotw run``: bad credentials or a missing ACL stop here, before a run.
+            lag_from = config.job.lag_from if config.job is not None else None
+            groups = [lag_from.value] if lag_from is not None and lag_from.kind == "group" else []
+            self.events.send("starting", what=f"the pre-flight check of {config.bootstrap}")
+            preflight(self._kafka, self.prefix, groups)
         else:
             self.broker = self.stack.enter_context(
-                local_broker(config.broker, log_path=self.dir / "broker.log")
+                local_broker(config.broker, log_path=self.dir / "broker.log", security=config.security)
             )
             self.control = LocalControl(self.broker)
-            self._kafka = KafkaConfig(self.broker.bootstrap, dict(config.kafka_settings))
+            admin = self.broker.kafka_config().settings
+            self._kafka = KafkaConfig(self.broker.bootstrap, {**admin, **config.kafka_settings})
         job, root = config.job, self.dir / "pipeline"
         if job is not None:
             job.check_policy(profile.pipeline.policy)
         if job is not None and job.attach:
             self.pipeline = job_process(job, profile, self.kafka, root, self.prefix, ())
         elif config.pipeline and (job is None or job.command is None):
-            flags = ("-q", *kafka_flags(self.kafka))
-            self.pipeline = job_process(job, profile, self.kafka, root, self.prefix, flags, self.dir)
+            self.pipeline = job_process(job, profile, self.kafka, root, self.prefix, ("-q",), self.dir)
             self.events.send("starting", what=f"the pipeline ({profile.pipeline.policy} policy)")
             self.pipeline.start()
             self.pipeline.wait_ready(profile.run.pipeline_start_timeout_s)
         self.events.send(
             "ready",
             bootstrap=self.kafka.bootstrap,
-            kafka_settings=dict(self.kafka.settings),
+            # Secrets stay in this process: the Locust side hands workers the names, never the values.
+            kafka_settings=self.kafka.public_settings(),
+            kafka_secrets=self.kafka.secret_names(),
             prefix=self.prefix,
             output=str(self.pipeline.config.output) if self.pipeline is not None else None,
             profile=self.profile.as_dict(),

@@ -38,11 +38,12 @@ import locust.runners
 from locust import LoadTestShape, User, constant, events, task
 from locust.runners import LocalRunner, MasterRunner, WorkerRunner
 
+from loadtest.errors import HarnessError
 from loadtest.locust.conductor import ASSIGN, CONTROL, STATS, STOP, STOPPED, Conductor
 from loadtest.locust.driver import ProcessSide, count_aggregated
 from loadtest.locust.fleetplan import USERS_PER_X, LiveConfig, users_for
 from loadtest.locust.headless import Gates
-from loadtest.locust.settings import LocustSettings
+from loadtest.locust.settings import LOOPBACK_HOST, LocustSettings, exposure_warnings
 from loadtest.locust.shapes import SHAPES, make_shape
 from loadtest.locust.webui import install
 from loadtest.run.controls import from_wire
@@ -50,6 +51,7 @@ from loadtest.run.job import JobSpec
 from loadtest.run.jobargs import add_job_args, add_min_judged, add_source_arg, job_from_args
 from loadtest.run.profile import parse_load
 from sotw.broker.local import BROKERS
+from sotw.broker.security import SECURITY_MODES
 from sotw.cliargs import kafka_settings
 from sotw.errors import SotwError
 
@@ -91,7 +93,7 @@ def add_options(parser: Any) -> None:
         metavar="KEY=VALUE",
         action="append",
         default=[],
-        help="sotw: one librdkafka setting; repeatable",
+        help="sotw: one librdkafka setting; repeatable; secrets are refused here: put them in --kafka-config",
     )
     option(
         "--sotw-profile",
@@ -168,6 +170,12 @@ def add_options(parser: Any) -> None:
         help="sotw: the local broker (one Kafka node, or kafka-3)",
     )
     option(
+        "--security",
+        choices=SECURITY_MODES,
+        default="plaintext",
+        help="sotw: the local broker's security (docs/broker.md); its admin's settings reach every client",
+    )
+    option(
         "--run-dir",
         metavar="DIR",
         default=None,
@@ -206,6 +214,8 @@ def add_options(parser: Any) -> None:
         default=False,
         help="sotw: exit 3 unless sotw's verdict is PASS (as `sotw run` exits 0)",
     )
+    # The UI's incident buttons and a master's worker socket stay on this machine unless asked otherwise.
+    parser.set_defaults(web_host=LOOPBACK_HOST, master_bind_host=LOOPBACK_HOST)
     # The job under test, as `sotw run` takes it; in groups, so they stay out of the UI's start form.
     group = add_job_args(parser)
     add_source_arg(group)
@@ -238,6 +248,7 @@ def settings_from(options: Any) -> LocustSettings:
         bootstrap=options.bootstrap,
         kafka_settings=settings,
         broker=options.broker,
+        security=options.security,
         job=job,
         pipeline=not options.no_pipeline,
         tag=secrets.token_hex(3),
@@ -354,10 +365,16 @@ def cache_locust_defaults() -> bool:
 
 def _worker(environment: Any, runner: Any) -> None:
     cache_locust_defaults()
-    side = ProcessSide(environment)
+    # The secrets the master's assignments name come from the worker's own --kafka-config (never the wire).
+    side = ProcessSide(environment, kafka_settings(environment.parsed_options))
 
     def assign(environment: Any, msg: Any, **_: Any) -> None:
-        side.assign(msg.data)
+        try:
+            side.assign(msg.data)
+        except HarnessError as exc:
+            log.error("sotw: %s", exc)
+            side.errors.append(str(exc))
+            runner.send_message(STOPPED, {"part": str(msg.data.get("part"))})
 
     def control(environment: Any, msg: Any, **_: Any) -> None:
         side.control(from_wire(msg.data))
@@ -400,6 +417,14 @@ def _conductor(environment: Any, runner: Any, web_ui: Any) -> None:
             # The UI's start form and a bare --headless begin at 1x, ramped up within a second.
             options.num_users = users_for(1.0, settings.users_per_x)
             options.spawn_rate = float(options.num_users)
+    for warning in exposure_warnings(
+        options.web_host,
+        bool(getattr(options, "web_login", False)),
+        web_ui is not None,
+        options.master_bind_host,
+        isinstance(runner, MasterRunner),
+    ):
+        log.warning("sotw: %s", warning)
     side = ProcessSide(environment) if isinstance(runner, LocalRunner) else None
     conductor = Conductor(environment, settings, side, shape)
     SIDE, CONDUCTOR = side, conductor
@@ -442,10 +467,10 @@ def on_init(environment: Any, runner: Any = None, web_ui: Any = None, **_: Any) 
     if runner is None:
         return
     environment.events.request.add_listener(count_aggregated(environment))
-    if isinstance(runner, WorkerRunner):
-        _worker(environment, runner)
-        return
     try:
+        if isinstance(runner, WorkerRunner):
+            _worker(environment, runner)
+            return
         _conductor(environment, runner, web_ui)
     except SotwError as exc:
         log.error("sotw: %s", exc)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from loadtest.errors import HarnessError
@@ -85,6 +86,11 @@ class NightlyConfig:
         sides then meet the same broker, as they meet the same machine).
     command_timeout_s
         The longest one benchmark command may run before it is stopped as hung; 0 for half the night's budget.
+    kafka_settings
+        librdkafka settings for ``bootstrap`` (``--kafka-config``/``-X``). The night hands them to each
+        command in a private file (``kafka_config_file``), never as arguments.
+    kafka_config_file
+        That file while the night runs (``run_night`` writes it, mode 0600, and deletes it at the end).
     """
 
     root: Path
@@ -101,6 +107,8 @@ class NightlyConfig:
     bootstrap: str = ""
     max_repeats: int = 0
     command_timeout_s: float = 0.0
+    kafka_settings: Mapping[str, str] = field(default_factory=dict)
+    kafka_config_file: str = ""
 
     def __post_init__(self) -> None:
         # Each side's commands run in that side's own tree, so a path given relative to where the night was

@@ -46,6 +46,9 @@ from loadtest.regressions.sidebyside import BASELINE, CANDIDATE, Side, install_b
 from loadtest.regressions.sides import TIMED_OUT, Paired, SideRuns
 from loadtest.regressions.trend import write_trend
 from loadtest.reports.results import EXIT_CODES, FAIL, INCONCLUSIVE
+from sotw.cliargs import add_kafka_args, kafka_settings
+from sotw.clientfiles import SettingsFiles
+from sotw.kafka import KafkaConfig
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +109,15 @@ def run_night(config: NightlyConfig, say: Callable[[str], None] = lambda _: None
         config.root.mkdir(parents=True, exist_ok=True)
         with KafkaBroker(log_path=config.root / "broker.log") as broker:
             say(f"nightly: the night's broker at {broker.bootstrap}")
-            return run_night(dataclasses.replace(config, bootstrap=broker.bootstrap), say)
+            return run_night(dataclasses.replace(config, bootstrap=broker.bootstrap, kafka_settings={}), say)
+    if config.kafka_settings and not config.kafka_config_file:
+        # Every command of both sides reads the settings from one private file, deleted when the night ends.
+        files = SettingsFiles(config.root)
+        path = files.write("kafka_config", KafkaConfig(config.bootstrap, config.kafka_settings))
+        try:
+            return run_night(dataclasses.replace(config, kafka_config_file=str(path)), say)
+        finally:
+            files.remove()
     started = time.gmtime()
     night = time.strftime("%Y-%m-%d", started)
     directory = (
@@ -284,11 +295,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="the baseline commit, tag or branch (default: the last night that passed; with no history, "
         "the candidate's own commit)",
     )
-    p.add_argument(
-        "--bootstrap",
-        default=None,
-        help="the Kafka cluster of every benchmark (default: one broker for the night)",
-    )
+    add_kafka_args(p)
     p.add_argument(
         "--command-timeout",
         type=float,
@@ -326,6 +333,7 @@ def main(argv: Sequence[str]) -> int:
         plant_simulator_slowdown=args.plant_simulator_slowdown,
         bootstrap=args.bootstrap or "",
         command_timeout_s=args.command_timeout,
+        kafka_settings=kafka_settings(args),
     )
     if args.compare_only:
         history = load_history(config.history_dir)

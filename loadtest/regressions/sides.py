@@ -104,20 +104,29 @@ class SideRuns:
         )
 
     def _script(self, name: str, *args: str) -> list[str]:
+        # A baseline's script older than --kafka-config runs without it (and fails on a secured cluster).
+        settings = self._kafka_config() if self._takes(name, "--kafka-config") else []
         return [
             self.side.python,
             str(self.side.tree / "benchmarks" / name),
             "--bootstrap",
             self.config.bootstrap,
+            *settings,
             *args,
         ]
+
+    def _kafka_config(self) -> list[str]:
+        """``--kafka-config FILE`` when the night has settings: the file's path, never the settings."""
+        return ["--kafka-config", self.config.kafka_config_file] if self.config.kafka_config_file else []
 
     def _takes(self, script: str, option: str) -> bool:
         """Whether this side's copy of a benchmark script has ``option``: a baseline older than it has not."""
         return f'"{option}"' in (self.side.tree / "benchmarks" / script).read_text()
 
     def _sotw(self, command: str, *args: str) -> list[str]:
-        return [self.side.python, "-m", "sotw", command, "--bootstrap", self.config.bootstrap, *args]
+        return [
+            self.side.python, "-m", "sotw", command, "--bootstrap", self.config.bootstrap, *self._kafka_config(), *args
+        ]  # fmt: skip
 
     def micro(self, i: int) -> list[Metric]:
         """Repetition ``i`` of the pytest-benchmark micro benchmarks."""

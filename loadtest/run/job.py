@@ -172,14 +172,6 @@ class JobParts:
     probes: dict[str, Probe]
 
 
-def kafka_flags(kafka: KafkaConfig) -> tuple[str, ...]:
-    """``sotw pipeline``'s ``-X KEY=VALUE`` flags for the cluster's client settings."""
-    flags: list[str] = []
-    for key, value in kafka.settings.items():
-        flags += ["-X", f"{key}={value}"]
-    return tuple(flags)
-
-
 def job_process(
     job: JobSpec | None,
     profile: Profile,
@@ -206,6 +198,7 @@ def job_process(
         template=job.template(),
         prefix=prefix,
         run_dir=run_dir,
+        kafka_settings=dict(kafka.settings),
     )
     log_path = root / "pipeline.log"
     return AttachedPipeline(config, log_path) if job.attach else PipelineProcess(config, log_path)
@@ -237,7 +230,7 @@ def job_parts(
         job.format,
         seen=root / "output_seen.json",
         ignored=job.ignore_columns,
-        topic_prefix=prefix if running is not None else None,
+        topic_prefix=prefix if running is not None or job.attach else None,
     )
     source: LagSource
     if job.lag_from is None:

@@ -17,6 +17,7 @@ import string
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,9 @@ import psutil
 
 from loadtest.errors import HarnessError
 from loadtest.run.profile import PipelineSettings
+from sotw.clientfiles import FILES, SettingsFiles
 from sotw.errors import SotwError
+from sotw.kafka import KafkaConfig
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +46,9 @@ PLACEHOLDERS: dict[str, str] = {
     "trigger_ms": "the same in milliseconds",
     "session_timeout": "the profile's session timeout (20s)",
     "policy": "the profile's integrity policy (ordered, strict, ...)",
+    "kafka_config": "a librdkafka settings file (key=value lines, as --kafka-config reads), mode 0600",
+    "java_config": "the same settings in the Java client's names, bootstrap.servers included (.properties), mode 0600",
+    "spark_options": "Spark's Kafka connector options (kafka.-prefixed Java names) as one JSON object, mode 0600",
 }
 """The placeholders a ``--pipeline-cmd`` template may use (docs/own-pipeline.md lists them too)."""
 
@@ -144,6 +150,10 @@ class PipelineProcessConfig:
         The run's topic prefix, for the template's ``{prefix}``.
     run_dir
         The run directory, for the template's ``{run_dir}``.
+    kafka_settings
+        The cluster's librdkafka settings. They reach the process in files (``sotw.clientfiles``) written
+        beside its checkpoint when it starts and deleted when it stops: ``--kafka-config`` for
+        ``sotw pipeline``, ``{kafka_config}``, ``{java_config}`` and ``{spark_options}`` for a template.
     """
 
     bootstrap: str
@@ -155,11 +165,28 @@ class PipelineProcessConfig:
     template: CommandTemplate | None = None
     prefix: str = ""
     run_dir: Path | None = None
+    kafka_settings: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def kafka(self) -> KafkaConfig:
+        """The cluster, as the settings files describe it."""
+        return KafkaConfig(self.bootstrap, self.kafka_settings)
+
+    def settings_files(self) -> SettingsFiles:
+        """Where the process's settings files go: beside its checkpoint, in the run's job directory."""
+        return SettingsFiles(self.checkpoint.parent)
+
+    def files_needed(self) -> list[str]:
+        """The settings files the process reads (keys of ``sotw.clientfiles.FILES``)."""
+        if self.template is not None:
+            return [kind for kind in FILES if kind in self.template.placeholders()]
+        return ["kafka_config"] if self.kafka_settings else []
 
     def placeholder_values(self) -> dict[str, str]:
         """What each of ``PLACEHOLDERS`` stands for in this run."""
         from pipeline.config import parse_trigger
 
+        files = self.settings_files()
         return {
             "bootstrap": self.bootstrap,
             "pattern": self.pattern,
@@ -173,6 +200,7 @@ class PipelineProcessConfig:
             "trigger_ms": str(parse_trigger(self.settings.trigger)),
             "session_timeout": self.settings.session_timeout,
             "policy": self.settings.policy,
+            **{kind: str(files.path(kind)) for kind in FILES},
         }
 
     def _jars(self) -> str:
@@ -204,6 +232,11 @@ class PipelineProcessConfig:
             "--checkpoint",
             str(self.checkpoint),
             *self.settings.args(),
+            *(
+                ["--kafka-config", str(self.settings_files().path("kafka_config"))]
+                if self.kafka_settings
+                else []
+            ),
             *self.extra_args,
         ]
 
@@ -215,14 +248,34 @@ class PipelineProcess:
         self.config = config
         self.log_path = log_path
         self.proc: subprocess.Popen[bytes] | None = None
+        self.files: SettingsFiles | None = None
 
     def start(self) -> PipelineProcess:
-        """Start the process (returns at once; Spark takes seconds to come up)."""
+        """Start the process (returns at once; Spark takes seconds to come up).
+
+        Its settings files are written first (mode 0600); ``stop`` and ``kill`` delete them.
+
+        Raises
+        ------
+        HarnessError
+            If a settings file the process needs cannot be written (a setting with no Java equivalent).
+        """
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("ab") as out:
-            self.proc = subprocess.Popen(
-                self.config.argv(), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
-            )
+        self.files = self.config.settings_files()
+        for kind in self.config.files_needed():
+            try:
+                self.files.write(kind, self.config.kafka)
+            except (SotwError, ValueError) as exc:
+                self.remove_files()
+                raise HarnessError(f"the job's settings file {{{kind}}}: {exc}") from None
+        try:
+            with self.log_path.open("ab") as out:
+                self.proc = subprocess.Popen(
+                    self.config.argv(), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+                )
+        except BaseException:
+            self.remove_files()
+            raise
         log.info("pipeline started, pid %d, log %s", self.proc.pid, self.log_path)
         return self
 
@@ -276,6 +329,7 @@ class PipelineProcess:
         it) are killed once it has exited.
         """
         if self.proc is None:
+            self.remove_files()
             return None
         if self.proc.poll() is None:
             family = self._family()
@@ -289,7 +343,13 @@ class PipelineProcess:
             for p in alive:
                 with contextlib.suppress(psutil.NoSuchProcess):
                     p.kill()
+        self.remove_files()
         return self.proc.returncode
+
+    def remove_files(self) -> None:
+        """Delete the settings files written for the process (``start`` writes them again)."""
+        if self.files is not None:
+            self.files.remove()
 
     def _family(self) -> list[psutil.Process]:
         """The process and its descendants now."""
@@ -310,6 +370,7 @@ class PipelineProcess:
             except ProcessLookupError:
                 pass
         self.proc.wait(30)
+        self.remove_files()
 
 
 class AttachedPipeline(PipelineProcess):

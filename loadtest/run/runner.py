@@ -14,9 +14,9 @@ the load.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
-import secrets
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -30,13 +30,16 @@ from loadtest.gameday.incident import BrokerControl, Incident
 from loadtest.measure.samplers import Probe, ThreadCpuProbe
 from loadtest.reports.results import Results
 from loadtest.run.driver import PidsOf, RunDriver, RunSetup
-from loadtest.run.job import JobSpec, job_parts, kafka_flags
+from loadtest.run.job import JobSpec, job_parts
 from loadtest.run.phases import DRAIN, SETTLE, STEADY, WARMUP, PhaseClock
 from loadtest.run.profile import Profile
 from loadtest.run.stage import BrokerCommands, CommandControl, LocalControl, RunStage, SimulatorControls
 from simulator.producer import Simulator
 from sotw.broker import local_broker
+from sotw.errors import SotwError
 from sotw.kafka import KafkaConfig
+from sotw.preflight import preflight
+from sotw.topics import TopicSettings, check_replication, delete_topics, run_prefix
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +75,14 @@ class RunRequest:
     job
         The job under test when it is not ``sotw pipeline`` (``--pipeline-cmd``, ``--attach``), or how
         its output is read (``loadtest.run.job``); None runs ``sotw pipeline`` with its full output.
+    security
+        The local broker's security (``sotw.broker.SECURITY_MODES``); its admin's settings reach every client.
+    topics
+        The replication factor and ``min.insync.replicas`` the run's topics are created with.
+    cleanup
+        Delete the run's topics once it has been verified.
+    topic_prefix
+        The run's topic prefix; None: the profile's prefix and a random tag (``sotw.topics.run_prefix``).
     """
 
     profile: Profile
@@ -85,6 +96,10 @@ class RunRequest:
     broker_settings: Mapping[str, str] = field(default_factory=dict)
     broker_commands: BrokerCommands | None = None
     job: JobSpec | None = None
+    security: str = "plaintext"
+    topics: TopicSettings = field(default_factory=TopicSettings)
+    cleanup: bool = False
+    topic_prefix: str | None = None
 
     @property
     def all_incidents(self) -> tuple[Incident, ...]:
@@ -111,6 +126,9 @@ def execute(request: RunRequest, stop: threading.Event | None = None, progress: 
     ------
     HarnessError
         If the run directory is in use or a part cannot be started.
+    PreflightError
+        If a cluster given with ``kafka`` refuses the run's settings (``sotw.preflight``): before anything
+        starts or is written.
     """
     stop = stop or threading.Event()
     run_dir = request.run_dir
@@ -119,6 +137,18 @@ def execute(request: RunRequest, stop: threading.Event | None = None, progress: 
     if request.job is not None:
         request.job.check_incidents(request.all_incidents)
         request.job.check_policy(request.profile.pipeline.policy)
+    request = dataclasses.replace(
+        request, topic_prefix=request.topic_prefix or run_prefix(request.profile.simulator.topic_prefix)
+    )
+    prefix = request.topic_prefix
+    assert prefix is not None
+    progress(f"the run's topics: {prefix}*")
+    if request.kafka is not None:
+        progress(f"pre-flight: can the settings log in to {request.kafka.bootstrap} and use them?")
+        lag_from = request.job.lag_from if request.job is not None else None
+        groups = [lag_from.value] if lag_from is not None and lag_from.kind == "group" else []
+        checked = preflight(request.kafka, prefix, groups)
+        check_replication(request.topics, checked.brokers, f"the cluster at {request.kafka.bootstrap}")
     run_dir.mkdir(parents=True, exist_ok=True)
     span = max((i.at_s + i.duration for i in request.all_incidents), default=0.0)
     if span and request.profile.run.steady_s < span + 10:
@@ -131,19 +161,29 @@ def execute(request: RunRequest, stop: threading.Event | None = None, progress: 
         control: BrokerControl | None
         if request.kafka is None:
             progress(f"starting the local broker ({request.broker})")
-            broker = stack.enter_context(
-                local_broker(
-                    request.broker, log_path=run_dir / "broker.log", overrides=request.broker_settings
-                )
+            broker = local_broker(
+                request.broker,
+                log_path=run_dir / "broker.log",
+                overrides=request.broker_settings,
+                security=request.security,
             )
-            kafka = KafkaConfig(broker.bootstrap)
+            stack.enter_context(broker)
+            check_replication(request.topics, len(broker.node_ids), f"the local broker {request.broker!r}")
+            kafka = broker.kafka_config()
             broker_pids: Callable[[], list[int] | None] = lambda: list(broker.pids.values()) or None  # noqa: E731
             control = LocalControl(broker)
         else:
             kafka = request.kafka
             broker_pids = lambda: None  # noqa: E731 - a remote broker's CPU is not ours to measure
             control = CommandControl(request.broker_commands) if request.broker_commands else None
-        return LocalRun(request, kafka, broker_pids, control, clock, stop, progress).run()
+        results = LocalRun(request, kafka, broker_pids, control, clock, stop, progress).run()
+        if request.cleanup:
+            try:
+                deleted = delete_topics(kafka, prefix)
+                progress(f"cleanup: deleted the run's {len(deleted)} topics ({prefix}*)")
+            except SotwError as exc:  # the run is done and reported: say how to finish the clean-up
+                progress(f"cleanup failed ({exc}); later: sotw topics delete --prefix {prefix}")
+        return results
     raise AssertionError("unreachable")  # pragma: no cover - ExitStack does not swallow exceptions here
 
 
@@ -165,15 +205,15 @@ class LocalRun(RunDriver):
     ) -> None:
         profile, run_dir = request.profile, request.run_dir
         # A run-specific topic prefix: runs sharing a cluster (bench, capacity, --bootstrap) never read each
-        # other. A job the harness attached to subscribed before the run, to the profile's own prefix.
-        attached = request.job is not None and request.job.attach
-        tag = secrets.token_hex(3)
-        prefix = profile.simulator.topic_prefix if attached else f"{profile.simulator.topic_prefix}{tag}-"
+        # other; a job the harness attached to subscribes to the profile's prefix, which every run's extends.
+        prefix = request.topic_prefix or run_prefix(profile.simulator.topic_prefix)
         self.request = request
         self.progress = progress
         self.simulator = Simulator(
             profile.simulator.replace(
                 topic_prefix=prefix,
+                replication_factor=request.topics.replication_factor,
+                min_insync_replicas=request.topics.min_insync_replicas,
                 load_factor=request.load_factor,
                 # The harness ends the load itself: the warm-up lasts until the pipeline has finished a batch.
                 duration_s=None,
@@ -183,9 +223,7 @@ class LocalRun(RunDriver):
             run_dir,
         )
         self.sim_stop = threading.Event()
-        job = job_parts(
-            request.job, profile, kafka, run_dir, prefix, ("-q", *kafka_flags(kafka), *request.pipeline_args)
-        )
+        job = job_parts(request.job, profile, kafka, run_dir, prefix, ("-q", *request.pipeline_args))
         setup = RunSetup(
             profile,
             run_dir,

@@ -10,6 +10,8 @@ from sotw.broker.config import KafkaBrokerConfig
 from sotw.broker.kafka import KafkaBroker, PartitionState
 from sotw.broker.local import BROKERS, LocalBroker, local_broker
 from sotw.broker.net import free_port, port_in_use, wait_for_kafka
+from sotw.broker.security import SECURITY_MODES, SecurityMode, security_mode
+from sotw.broker.users import RunUser, grant_run_acls, run_acls
 from sotw.outage import Outage
 
 __all__ = [
@@ -19,8 +21,14 @@ __all__ = [
     "LocalBroker",
     "Outage",
     "PartitionState",
+    "RunUser",
+    "SECURITY_MODES",
+    "SecurityMode",
     "free_port",
+    "grant_run_acls",
     "local_broker",
     "port_in_use",
+    "run_acls",
+    "security_mode",
     "wait_for_kafka",
 ]

@@ -11,10 +11,11 @@ from __future__ import annotations
 import base64
 import re
 import secrets
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sotw.broker.security import SECURED_OWNED, SecurityMode, security_mode
 from sotw.errors import BrokerError
 
 #: The settings sotw chooses for every node, as Kafka takes them (strings). Addresses, ids and replication are
@@ -128,6 +129,9 @@ class KafkaBrokerConfig:
         The Java runtime (17 or newer), a name on PATH or a path.
     overrides
         ``server.properties`` settings applied after sotw's own (``TUNED``), for every node.
+    security
+        One of ``sotw.broker.security.SECURITY_MODES``: ``plaintext`` (no TLS, no login, no ACLs), ``ssl``,
+        ``sasl_plaintext`` or ``sasl_ssl`` (a CA, node keystores, SCRAM-SHA-512 users and an authorizer).
     """
 
     nodes: int = 1
@@ -142,8 +146,10 @@ class KafkaBrokerConfig:
     log_path: Path | None = None
     java: str = "java"
     overrides: Mapping[str, str] = field(default_factory=dict)
+    security: str = "plaintext"
 
     def __post_init__(self) -> None:
+        secured = security_mode(self.security).secured
         if isinstance(self.nodes, bool) or not isinstance(self.nodes, int) or not 1 <= self.nodes <= 9:
             raise BrokerError(f"nodes must be a whole number from 1 to 9, got {self.nodes!r}")
         if isinstance(self.port, bool) or not isinstance(self.port, int) or not 0 <= self.port <= 65535:
@@ -165,11 +171,22 @@ class KafkaBrokerConfig:
                 f"overrides may not set {owned[0]!r}: "
                 "sotw sets it per node (listeners, ids and log directories)"
             )
+        kept = sorted(set(self.overrides) & set(SECURED_OWNED)) if secured else []
+        if kept:
+            raise BrokerError(
+                f"overrides may not set {kept[0]!r} on a {self.security} broker: "
+                "sotw sets it for the nodes' TLS, logins and authorizer"
+            )
         object.__setattr__(self, "overrides", {str(k): str(v) for k, v in self.overrides.items()})
         for name in ("data_dir", "log_path"):
             value = getattr(self, name)
             if value is not None:
                 object.__setattr__(self, name, Path(value))
+
+    @property
+    def mode(self) -> SecurityMode:
+        """The ``SecurityMode`` named by ``security``."""
+        return security_mode(self.security)
 
     @property
     def heap(self) -> int:
@@ -215,9 +232,16 @@ def voters(host: str, ports: Mapping[int, NodePorts]) -> str:
 
 
 def node_properties(
-    config: KafkaBrokerConfig, node: int, ports: Mapping[int, NodePorts], data: Path
+    config: KafkaBrokerConfig,
+    node: int,
+    ports: Mapping[int, NodePorts],
+    data: Path,
+    security: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
-    """The ``server.properties`` of ``node``: its wiring, then ``TUNED``, replication, and the overrides."""
+    """The ``server.properties`` of ``node``: its wiring, ``TUNED``, replication, ``security``, the overrides.
+
+    ``security`` holds the node's TLS, SASL and authorizer settings (``BrokerSecrets.node_properties``).
+    """
     own = ports[node]
     host = config.host
     rf, isr = str(config.replication_factor), str(config.min_insync_replicas)
@@ -236,7 +260,7 @@ def node_properties(
         ),
         # Clients are told the proxy's port when proxied; nodes replicate over INTERNAL, never through it.
         "advertised.listeners": f"CLIENT://{host}:{own.client},INTERNAL://{host}:{own.internal}",
-        "listener.security.protocol.map": "CLIENT:PLAINTEXT,INTERNAL:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        "listener.security.protocol.map": config.mode.listener_map,
         "inter.broker.listener.name": "INTERNAL",
         "controller.listener.names": "CONTROLLER",
         "log.dirs": str(data),
@@ -248,6 +272,7 @@ def node_properties(
         "transaction.state.log.min.isr": isr,
         "share.coordinator.state.topic.replication.factor": rf,
         "share.coordinator.state.topic.min.isr": isr,
+        **(security or {}),
         **config.overrides,
     }
     return props
@@ -277,6 +302,15 @@ logger.request.level = WARN
 logger.state.name = state.change.logger
 logger.state.level = WARN
 """
+
+
+def argfile_text(args: Sequence[str]) -> str:
+    """``args`` as a Java launcher argument file (``java @FILE``): one quoted argument a line.
+
+    Arguments that hold a secret go to the JVM this way, in a 0600 file, so ``ps`` does not show them.
+    """
+    quoted = (a.replace("\\", "\\\\").replace('"', '\\"') for a in args)
+    return "".join(f'"{a}"\n' for a in quoted)
 
 
 def jvm_args(config: KafkaBrokerConfig, log4j: Path) -> list[str]:

@@ -4,7 +4,9 @@ Each node is one JVM (``kafka.Kafka``) that is both broker and controller, run f
 fetched (``sotw.jars``), with its data under a directory the broker owns. ``KafkaBroker`` starts and stops
 them, and offers the incidents of game days (pause, restart keeping or losing data, the proxy's network cuts),
 plus what a cluster adds: a node killed, stopped or started on its own, leadership and replication looked up
-through the admin API. docs/broker.md says what clients see in each.
+through the admin API. docs/broker.md says what clients see in each. A secured broker (``security``) gets its
+TLS material, SCRAM admin and authorizer from ``sotw.broker.security`` and its run users from
+``sotw.broker.users``.
 """
 
 from __future__ import annotations
@@ -29,18 +31,23 @@ from sotw.broker.config import (
     LOG4J2,
     KafkaBrokerConfig,
     NodePorts,
+    argfile_text,
     jvm_args,
     node_properties,
     properties_text,
 )
 from sotw.broker.net import free_port, port_in_use
+from sotw.broker.security import BrokerSecrets
 from sotw.broker.storage import DataDir
+from sotw.broker.users import RunUser, add_run_user
 from sotw.errors import BrokerError, SetupError
 from sotw.jars import classpath
 from sotw.java import find_java
+from sotw.kafka import KafkaConfig
 from sotw.outage import Outage, now_ms
 from sotw.processgroup import ProcessGroup, wait_stopped
 from sotw.proxy import TcpProxy
+from sotw.tls import write_private
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +132,7 @@ class KafkaBroker(contextlib.AbstractContextManager["KafkaBroker"]):
         self.outages: list[Outage] = []
         self._nodes: dict[int, _Node] = {}
         self._storage: DataDir | None = None
+        self._secrets: BrokerSecrets | None = None
         self._group: ProcessGroup | None = None
         self._java = ""
         self._classpath = ""
@@ -195,6 +203,37 @@ class KafkaBroker(contextlib.AbstractContextManager["KafkaBroker"]):
         """Nodes stopped on purpose (``stop_node``, ``kill_node``) and not started again."""
         return [n.id for n in self._nodes.values() if n.down_on_purpose and not n.alive()]
 
+    @property
+    def secrets(self) -> BrokerSecrets | None:
+        """A secured broker's CA, keystores and admin (None for plaintext, and before ``start``)."""
+        return self._secrets
+
+    @property
+    def client_settings(self) -> dict[str, str]:
+        """The admin's librdkafka settings (empty for plaintext): ``security.protocol``, ``sasl.*``, ``ssl.*``."""
+        return self._secrets.admin_settings if self._secrets is not None else {}
+
+    @property
+    def admin_config_path(self) -> Path | None:
+        """The admin's client settings file (mode 0600) of a secured broker, for ``--kafka-config``."""
+        return self._secrets.admin_config_path if self._secrets is not None else None
+
+    def kafka_config(self) -> KafkaConfig:
+        """A ``KafkaConfig`` for this broker as its admin (a super user when secured)."""
+        return KafkaConfig(self.bootstrap, self.client_settings)
+
+    def add_user(self, name: str, topic_prefix: str, group_prefix: str | None = None) -> RunUser:
+        """Make a user of this secured broker that holds only a run's ACLs (``sotw.broker.users.add_run_user``).
+
+        Raises
+        ------
+        BrokerError
+            If the broker is plaintext (it has no users), or the user cannot be made.
+        """
+        if self._secrets is None:
+            raise BrokerError("a plaintext broker has no users: start it with security sasl_ssl, ssl, ...")
+        return add_run_user(self.kafka_config(), self._secrets, name, topic_prefix, group_prefix)
+
     def log_path(self, node: int = 1) -> Path:
         """Where ``node``'s output goes."""
         return self._node(node).log_path
@@ -224,6 +263,9 @@ class KafkaBroker(contextlib.AbstractContextManager["KafkaBroker"]):
                 )
             try:
                 self._storage = DataDir.open(cfg.data_dir, cfg.nodes, cfg.cluster_id)
+                if cfg.mode.secured:
+                    self._secrets = BrokerSecrets(cfg.mode, self._storage.path, cfg.host)
+                    self._secrets.prepare()
                 self._group = ProcessGroup()
                 self._layout()
                 for node in self._nodes.values():
@@ -279,10 +321,14 @@ class KafkaBroker(contextlib.AbstractContextManager["KafkaBroker"]):
     def _write_config(self, node: _Node) -> None:
         node.dir.mkdir(parents=True, exist_ok=True)
         node.log_path.parent.mkdir(parents=True, exist_ok=True)
+        security = None
+        if self._secrets is not None:
+            security = self._secrets.node_properties(node.id, node.dir, self.node_ids)
         props = node_properties(
-            self.config, node.id, {n.id: n.ports for n in self._nodes.values()}, node.data
+            self.config, node.id, {n.id: n.ports for n in self._nodes.values()}, node.data, security
         )
-        node.properties.write_text(properties_text(props))
+        # A secured node's settings hold its keystore's and the admin's passwords: its owner's alone.
+        write_private(node.properties, properties_text(props))
         (node.dir / "log4j2.properties").write_text(LOG4J2)
 
     def _java_command(self, node: _Node, main: Sequence[str]) -> list[str]:
@@ -301,9 +347,13 @@ class KafkaBroker(contextlib.AbstractContextManager["KafkaBroker"]):
         running = []
         for node in nodes:
             node.data.mkdir(parents=True, exist_ok=True)
-            cmd = self._java_command(
-                node, ["kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(node.properties)]
-            )
+            tool = ["kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(node.properties)]
+            scram = self._secrets.format_arguments() if self._secrets is not None else []
+            if scram:
+                # The admin's SCRAM credential holds its password: in a 0600 argument file the launcher
+                # reads (the main class too, as it stops expanding @files at the first application argument).
+                tool = ["@" + str(write_private(node.dir / "format.args", argfile_text([*tool, *scram])))]
+            cmd = self._java_command(node, tool)
             # The tool needs no more heap than the default's start; the node's fixed heap would be waste.
             cmd = [a for a in cmd if not a.startswith(("-Xms", "-Xmx"))]
             running.append((node, self._group.spawn(cmd, {}, node.log_path)))
@@ -314,6 +364,7 @@ class KafkaBroker(contextlib.AbstractContextManager["KafkaBroker"]):
                 proc.kill()
                 proc.wait()
                 code = None
+            (node.dir / "format.args").unlink(missing_ok=True)
             if code != 0:
                 raise BrokerError(
                     f"formatting node {node.id}'s storage {node.data} failed (exit code {code}); "
@@ -345,7 +396,7 @@ class KafkaBroker(contextlib.AbstractContextManager["KafkaBroker"]):
             if admin is None and all(port_in_use(self.host, n.ports.listen) for n in waiting.values()):
                 # Only once the listeners accept: before, librdkafka logs every refused connection.
                 listen = ",".join(f"{self.host}:{n.ports.listen}" for n in waiting.values())
-                admin = AdminClient({"bootstrap.servers": listen, "log_level": 0})
+                admin = AdminClient({"bootstrap.servers": listen, "log_level": 0, **self.client_settings})
             if admin is not None:
                 with contextlib.suppress(Exception):  # KafkaException while the nodes are still coming up
                     brokers = admin.list_topics(timeout=1.0).brokers
@@ -387,6 +438,7 @@ class KafkaBroker(contextlib.AbstractContextManager["KafkaBroker"]):
             if group is not None:
                 group.close()
             storage, self._storage = self._storage, None
+            self._secrets = None
             if storage is not None:
                 storage.close()
 
@@ -573,7 +625,7 @@ class KafkaBroker(contextlib.AbstractContextManager["KafkaBroker"]):
         """An admin client bootstrapped on ``nodes``' own listeners (past any proxy)."""
         listen = ",".join(f"{self.host}:{n.ports.listen}" for n in nodes)
         # Quiet: while a node is down, librdkafka logs each refused connection (errors still raise).
-        return AdminClient({"bootstrap.servers": listen, "log_level": 0})
+        return AdminClient({"bootstrap.servers": listen, "log_level": 0, **self.client_settings})
 
     def _metadata(self) -> ClusterMetadata:
         """The cluster's metadata from a node that answers.

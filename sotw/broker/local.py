@@ -17,6 +17,7 @@ from sotw.outage import Outage
 
 if TYPE_CHECKING:
     from sotw.broker.kafka import PartitionState
+    from sotw.kafka import KafkaConfig
 
 #: The local brokers by name (the default first) and their node counts.
 BROKERS = ("kafka", "kafka-3")
@@ -55,6 +56,9 @@ class LocalBroker(Protocol):
     @property
     def down_nodes(self) -> list[int]:
         """Nodes stopped on purpose and not started again."""
+
+    def kafka_config(self) -> KafkaConfig:
+        """A ``KafkaConfig`` for it as its admin (with the admin's settings when secured)."""
 
     def check_alive(self) -> None:
         """Raise ``BrokerError`` if the broker is gone."""
@@ -114,6 +118,7 @@ def local_broker(
     log_path: Path | None = None,
     proxied: bool = False,
     overrides: Mapping[str, str] | None = None,
+    security: str = "plaintext",
 ) -> LocalBroker:
     """The broker ``name`` (not started yet: use it as a context manager, or call ``start``).
 
@@ -127,9 +132,16 @@ def local_broker(
         Clients reach each node through a ``sotw.proxy.TcpProxy`` (network incidents).
     overrides
         ``server.properties`` settings for every node, after sotw's own (a drill's ``broker_settings``).
+    security
+        ``plaintext``, ``ssl``, ``sasl_plaintext`` or ``sasl_ssl`` (docs/broker.md); a secured broker's admin
+        settings are ``KafkaBroker.client_settings`` and its file ``admin_config_path``.
     """
     from sotw.broker.kafka import KafkaBroker
 
     return KafkaBroker(
-        nodes=_NODES[check_broker(name)], log_path=log_path, proxied=proxied, overrides=dict(overrides or {})
+        nodes=_NODES[check_broker(name)],
+        log_path=log_path,
+        proxied=proxied,
+        overrides=dict(overrides or {}),
+        security=security,
     )

@@ -14,6 +14,8 @@ import sys
 import uuid
 from pathlib import Path
 
+import pytest
+
 from loadtest.reports.results import Results
 from sotw.kafka import KafkaConfig
 
@@ -60,7 +62,7 @@ def run_plain_job(
     group = f"team-job-{uuid.uuid4().hex[:8]}"
     template = (
         f"{{python}} {JOB} --bootstrap {{bootstrap}} --topics {topics} --out {{output}} "
-        f"--group {group} --mode {mode}"
+        f"--group {group} --mode {mode} --kafka-config {{kafka_config}}"
     )
     run_dir = tmp_path / "run"
     argv = [sys.executable, "-m", "sotw", "run", "--scenario", str(scenario), "--profile", "plain"]
@@ -68,9 +70,12 @@ def run_plain_job(
     argv += ["--contract", "tables", "--lag-from", f"group:{group}"]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert (run_dir / "results.json").is_file(), done.stderr[-3000:]
+    # The job's {kafka_config} lived beside its checkpoint while it ran, and is gone with it.
+    assert not list(run_dir.rglob("kafka.properties"))
     return Results.from_json(run_dir / "results.json")
 
 
+@pytest.mark.slow  # over 30 s on CI: the nightly job runs it (make test-slow)
 def test_a_plain_consumer_given_the_pattern_consumes_the_run_s_topics_and_passes_without_faults(
     tmp_path: Path, kafka: KafkaConfig
 ) -> None:
@@ -107,6 +112,7 @@ def test_a_job_keeping_each_row_s_highest_seq_passes_under_the_same_faults(
     assert c.sessions_exact == c.sessions_exact_required == c.sessions_expected
 
 
+@pytest.mark.slow  # over 30 s on CI: the nightly job runs it (make test-slow)
 def test_a_job_that_consumes_nothing_is_told_so_not_blamed_for_every_row(
     tmp_path: Path, kafka: KafkaConfig
 ) -> None:

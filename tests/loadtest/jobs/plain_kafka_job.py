@@ -9,6 +9,9 @@ commits its offsets, so the harness reads its lag from the group (``--lag-from g
 - ``highest-seq``: each row keeps the value of the highest seq that touched it; a snapshot sets rows at its
   own seq and a delete leaves a tombstone with its seq, so an older message never wins.
 
+``--kafka-config FILE`` (the harness's ``{kafka_config}``) adds the cluster's librdkafka settings (SASL,
+TLS), one ``key=value`` a line, read from the file rather than the command line, where ``ps`` would show them.
+
 Nothing here imports sotw: it is what the harness is given, not part of it.
 """
 
@@ -27,6 +30,17 @@ import pyarrow.parquet as pq
 from confluent_kafka import Consumer, KafkaError, KafkaException
 
 
+def read_settings(path: Path) -> dict[str, str]:
+    """``key=value`` lines of a settings file; blank lines and ``#`` comments skipped."""
+    settings = {}
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            key, _, value = line.partition("=")
+            settings[key.strip()] = value.strip()
+    return settings
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--bootstrap", required=True)
@@ -35,12 +49,16 @@ def main() -> None:
     p.add_argument("--group", required=True)
     p.add_argument("--mode", choices=("last-write-wins", "highest-seq"), default="last-write-wins")
     p.add_argument("--flush-ms", type=int, default=1000)
+    p.add_argument(
+        "--kafka-config", type=Path, default=None, help="librdkafka settings file (key=value lines)"
+    )
     args = p.parse_args()
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
     consumer = Consumer(
         {
             "bootstrap.servers": args.bootstrap,
+            **(read_settings(args.kafka_config) if args.kafka_config else {}),
             "group.id": args.group,
             "auto.offset.reset": "earliest",
             "enable.auto.commit": False,
