@@ -45,7 +45,7 @@ from pipeline.config import PipelineConfig
 from pipeline.errors import IntegrityStopped
 from pipeline.policies import PolicyConfig
 from simulator import FaultConfig, Simulator, SimulatorConfig
-from sotw.kafka import KafkaConfig, topic_pattern
+from sotw.kafka import KafkaConfig, ensure_topics, topic_pattern
 from tests.loadtest.corruptions import (
     FAST_KINDS,
     Corruption,
@@ -228,6 +228,13 @@ def faulted(kafka: KafkaConfig, spark: Any, tmp_path_factory: pytest.TempPathFac
     for attempt in range(3):
         prefix = f"c{uuid.uuid4().hex[:6]}-sensor-"
         run_dir = base / f"sim{attempt}"
+        # The long form outlasts the local broker's 10-minute retention: the run's topics keep their data.
+        keep = {"retention.ms": "-1", "retention.bytes": "-1"}
+        ensure_topics(
+            kafka,
+            {f"{prefix}{i:04d}": FLEET["partitions"] for i in range(FLEET["sensors"])},
+            topic_config=keep,
+        )
         faults = simulate(kafka, run_dir, prefix)
         if all(faults.get(k, 0) for k in FAULT_KINDS):
             break
