@@ -46,6 +46,7 @@ def drain(spark, kafka: KafkaConfig, prefix: str, where: Path) -> dict[str, list
     return out
 
 
+@pytest.mark.slow  # over 20 s on CI: the nightly job runs it (make test-slow)
 def test_a_backlog_on_a_killed_and_restarted_broker_drains_to_the_same_output_as_on_one_never_restarted(
     spark, kafka, tmp_path, unique_prefix
 ):

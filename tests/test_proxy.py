@@ -57,6 +57,7 @@ def test_a_frozen_proxy_holds_deliveries_until_thawed(proxied, unique_prefix):
     assert outage is not None and outage.kind == "freeze" and outage.duration_s >= 1.5
 
 
+@pytest.mark.slow  # over 20 s on CI: the nightly job runs it (make test-slow)
 def test_a_restart_behind_the_proxy_keeps_the_clients_address(unique_prefix):
     with KafkaBroker(proxied=True) as broker:
         topic = unique_prefix() + "behind"

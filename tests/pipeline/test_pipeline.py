@@ -365,6 +365,7 @@ def put_back_one_batch(checkpoint: Path) -> int:
     return last
 
 
+@pytest.mark.slow  # over 20 s on CI: the nightly job runs it (make test-slow)
 def test_a_checkpoint_restored_one_batch_back_is_refused_then_rolled_back_without_losing_rows(
     spark, kafka, simulate, tmp_path
 ):
