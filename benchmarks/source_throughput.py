@@ -82,6 +82,7 @@ def reader(
     opts = SourceOptions.from_options(
         {
             "kafka.bootstrap.servers": kafka.bootstrap,
+            **{f"kafka.{key}": value for key, value in kafka.settings.items()},
             "subscribePattern": pattern,
             "packRecords": str(pack).lower(),
         }

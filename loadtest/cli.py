@@ -46,9 +46,10 @@ from loadtest.run.stage import BrokerCommands
 from loadtest.run.topicargs import add_security_arg, add_topic_args, security_from_args, topics_from_args
 from sotw.cliargs import add_kafka_args, add_logging_args, cluster_config, setup_logging
 from sotw.kafka import KafkaConfig
+from sotw.topics import TopicSettings
 
 
-def _parser(command: str) -> argparse.ArgumentParser:
+def _parser(command: str, prog: str | None = None) -> argparse.ArgumentParser:
     descriptions = {
         "run": "One load-test run: warm-up, steady phase at the profile's rate x LOAD, drain; verdict and report.",
         "bench": "1x and 10x back to back on the same profile, reported side by side.",
@@ -56,9 +57,10 @@ def _parser(command: str) -> argparse.ArgumentParser:
         "target: one run whose load a controller raises and lowers (or whole runs per step with --method steps); "
         "exit 1 when not even the lowest level is sustained (docs/capacity.md).",
     }
-    p = argparse.ArgumentParser(prog=f"sotw {command}", description=descriptions[command])
+    p = argparse.ArgumentParser(prog=prog or f"sotw {command}", description=descriptions[command])
     if command == "run":
         p.add_argument("--load", default="1x", help="load factor: 1x, 10x, 2.5x (default 1x)")
+    if command in ("run", "bench"):
         add_security_arg(p)
         add_topic_args(p)
     p.add_argument("--profile", default="baseline", help="profile name in the scenario file (baseline)")
@@ -128,6 +130,7 @@ def _drill_parser() -> argparse.ArgumentParser:
     add_source_arg(p)
     add_min_judged(p)
     add_security_arg(p)
+    add_topic_args(p)
     p.add_argument(
         "--run-dir", type=Path, default=None, help="where to write (default runs/drill-<name>-<time>)"
     )
@@ -161,10 +164,13 @@ def run_drill(
     progress: Callable[[str], None] = lambda _: None,
     command: str = "",
     job: JobSpec | None = None,
+    topics: TopicSettings | None = None,
+    cleanup: bool = False,
 ) -> Results:
     """Run one drill and return its results with the scorecard (also in ``root/results.json``).
 
-    ``job`` is the job under test when it is not ``sotw pipeline`` (``--pipeline-cmd``).
+    ``job`` is the job under test when it is not ``sotw pipeline`` (``--pipeline-cmd``); ``topics`` and
+    ``cleanup`` are the run's topics' settings (``--replication-factor``, ``--cleanup``).
 
     Raises
     ------
@@ -202,6 +208,8 @@ def run_drill(
         security=drill.security,
         broker_commands=commands,
         job=job,
+        topics=topics or TopicSettings(),
+        cleanup=cleanup,
     )
     results = execute(request, stop, progress)
     outcome = DrillOutcome(
@@ -248,6 +256,8 @@ def drill_main(rest: Sequence[str]) -> int:
         _say,
         "sotw " + shlex.join(["drill", *rest]),
         job_from_args(args),
+        topics_from_args(args),
+        args.cleanup,
     )
     paths = write_report([results], root, "report")
     assert results.drill is not None
@@ -303,14 +313,17 @@ def _finish(results: list[Results], out_dir: Path, name: str) -> int:
     return exit_code(r.verdict.verdict for r in results)
 
 
-def main(argv: Sequence[str]) -> int:
-    """``sotw run|bench|capacity|drill ...``; exit code 0 for PASS, 1 for FAIL, 4 for INCONCLUSIVE."""
+def main(argv: Sequence[str], prog: str | None = None) -> int:
+    """``sotw run|bench|capacity|drill ...``; exit code 0 for PASS, 1 for FAIL, 4 for INCONCLUSIVE.
+
+    ``prog`` names the command in the usage line when another command runs through this one (``sotw demo``).
+    """
     argv = list(argv)
     command = argv[0] if argv and argv[0] in ("run", "bench", "capacity", "drill") else "run"
     rest = argv[1:] if argv and argv[0] == command else argv
     if command == "drill":
         return drill_main(rest)
-    args = _parser(command).parse_args(rest)
+    args = _parser(command, prog).parse_args(rest)
     setup_logging(args)
     job = job_from_args(args)
     profile = _profile(args)
@@ -351,6 +364,9 @@ def main(argv: Sequence[str]) -> int:
                         command=cmdline,
                         job=job,
                         pipeline_args=planted,
+                        security=security_from_args(args),
+                        topics=topics_from_args(args),
+                        cleanup=args.cleanup,
                     ),
                     stop,
                     _say,

@@ -20,5 +20,5 @@ def main(argv: Sequence[str]) -> int:
     finding to read in the report, not a broken demo.
     """
     run_dir = Path("runs") / f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
-    cli.main(["run", "--profile", "demo", "--load", "1x", "--run-dir", str(run_dir), *argv])
+    cli.main(["run", "--profile", "demo", "--load", "1x", "--run-dir", str(run_dir), *argv], prog="sotw demo")
     return 0

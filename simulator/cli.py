@@ -76,7 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
         "and record a ledger of ground truth under the run directory.",
     )
     parser.add_argument("--scenario", type=Path, metavar="FILE", help="TOML scenario; flags override it")
-    parser.add_argument("--profile", metavar="NAME", help="a [profile.NAME] table of the scenario")
+    parser.add_argument(
+        "--profile", metavar="NAME", help="a [profiles.NAME] table of the scenario (its simulator table)"
+    )
     parser.add_argument(
         "--run-dir",
         type=Path,

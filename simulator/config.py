@@ -356,10 +356,11 @@ def _merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
 def load_scenario(path: Path | str, profile: str | None = None) -> SimulatorConfig:
     """Read a TOML scenario file into a ``SimulatorConfig``.
 
-    Top-level keys are ``SimulatorConfig`` fields; ``[faults]``, ``[sensor_faults."0003"]`` and ``[producer]``
-    are tables. A ``[profile.NAME]`` table holds overrides (merged key by key) chosen with ``profile``, so one
-    file can describe 1x and 10x. A ``[simulator]`` table, if present, is read instead of the top level, so
-    the harness can keep other sections in the same file.
+    The format is the harness's (``loadtest.run.profile.load_profile``), so one file serves ``sotw simulate``
+    and ``sotw run``: a ``[profiles.NAME]`` table's ``simulator`` table, chosen with ``profile``, overrides the
+    base key by key (its ``pipeline`` and ``run`` tables are the harness's and are not read here). The base is
+    the ``[simulator]`` table if there is one, else the top level: ``SimulatorConfig`` fields, with
+    ``[faults]``, ``[sensor_faults."0003"]`` and ``[producer]`` tables.
 
     Raises
     ------
@@ -373,12 +374,20 @@ def load_scenario(path: Path | str, profile: str | None = None) -> SimulatorConf
         raise SimulatorError(f"cannot read scenario {path}: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
         raise SimulatorError(f"scenario {path} is not valid TOML: {exc}") from None
+    profiles = {
+        name: _table(_table(table, f"profiles.{name}").get("simulator", {}), f"profiles.{name}.simulator")
+        for name, table in _table(doc.pop("profiles", {}), "profiles").items()
+    }
     if "simulator" in doc:
         doc = dict(_table(doc["simulator"], "simulator"))
-    profiles = _table(doc.pop("profile", {}), "profile")
+    if "profile" in doc:
+        raise SimulatorError(
+            f"scenario {path}: a profile is a [profiles.NAME.simulator] table (the format of sotw run's "
+            "scenario files), not [profile.NAME]"
+        )
     if profile is not None:
         if profile not in profiles:
             known = ", ".join(sorted(profiles)) or "none"
             raise SimulatorError(f"scenario {path} has no profile {profile!r} (profiles: {known})")
-        doc = _merge(doc, _table(profiles[profile], f"profile.{profile}"))
+        doc = _merge(doc, profiles[profile])
     return SimulatorConfig.from_mapping(doc, where=str(path.name))

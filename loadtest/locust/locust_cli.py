@@ -42,7 +42,12 @@ def print_help(locustfile: Path = LOCUSTFILE) -> None:
     from locust.util.load_locustfile import load_locustfile
 
     load_locustfile(str(locustfile))
-    get_parser().print_help()
+    parser = get_parser()
+    # `sotw locust --profile NAME` is sotw's profile (locust_argv passes it on as --sotw-profile), not Locust's.
+    for action in parser._actions:
+        if "--profile" in action.option_strings:
+            action.help = "sotw: the load-test profile in the scenario file, as for sotw run (baseline)"
+    parser.print_help()
 
 
 def main(argv: Sequence[str]) -> int:

@@ -29,10 +29,11 @@ def drain_once(argv: Sequence[str]) -> int:
     from pipeline.config import PipelineConfig
     from pipeline.policies import PolicyConfig
     from pipeline.spark import SparkConfig, build_session
-    from sotw.kafka import KafkaConfig
+    from sotw.kafka import KafkaConfig, read_settings
 
     p = argparse.ArgumentParser(prog="loadtest.planning.plan drain_once")
     p.add_argument("--bootstrap", required=True)
+    p.add_argument("--kafka-config", type=Path, default=None)
     p.add_argument("--pattern", action="append", required=True)
     p.add_argument("--master", required=True)
     p.add_argument("--conf", action="append", default=[])
@@ -42,6 +43,7 @@ def drain_once(argv: Sequence[str]) -> int:
     p.add_argument("--policy", default="ordered")
     p.add_argument("--session-timeout-ms", type=int, default=3_600_000)
     args = p.parse_args(argv)
+    kafka = KafkaConfig(args.bootstrap, read_settings(args.kafka_config) if args.kafka_config else {})
     extra = dict(kv.split("=", 1) for kv in args.conf)
     policy = PolicyConfig(policy=args.policy, session_timeout_ms=args.session_timeout_ms)
     spark = build_session(SparkConfig(master=args.master, extra=extra), app_name="sotw-plan")
@@ -57,7 +59,7 @@ def drain_once(argv: Sequence[str]) -> int:
             where = args.work / f"{len(drains)}{'-warm-up' if warm_up else ''}"
             # Each drain's own output name: the query is named after it, and its progress is told apart by it.
             config = PipelineConfig(
-                kafka=KafkaConfig(args.bootstrap),
+                kafka=kafka,
                 output=where / f"output-{len(drains)}",
                 checkpoint=where / "checkpoint",
                 pattern=pattern,
@@ -90,24 +92,30 @@ def batch_points(progress: list[dict[str, Any]]) -> list[tuple[float, float]]:
 
 
 def measure(
-    root: Path, messages: int, profile: Profile, base_env: dict[str, str], say: Any = print
+    root: Path,
+    messages: int,
+    profile: Profile,
+    base_env: dict[str, str],
+    say: Any = print,
+    security: str = "plaintext",
 ) -> Measurements:
     """Take every measurement the plan needs (minutes of CPU: a quiet machine gives steadier figures).
 
     The backlog is ``profile``'s fleet (sensors, rows, partitions, sessions, faults) written as fast as the
     broker takes it, and the pipeline drains it with the profile's policy: the same messages and work as a run
-    of that profile.
+    of that profile. ``security`` is the broker's (``sotw broker --security``): TLS and SASL cost the broker
+    CPU per message, and the plan's broker count follows from that cost. The broker is always one started
+    here: its CPU is read from its processes, which a remote cluster does not show.
     """
     from loadtest.regressions.nightly import machine
     from loadtest.run.cluster import ClusterConfig, StandaloneCluster
     from pipeline.progress import input_messages
     from simulator import Simulator
     from sotw.broker import KafkaBroker
-    from sotw.kafka import KafkaConfig
 
     root.mkdir(parents=True, exist_ok=True)
-    with KafkaBroker(log_path=root / "broker.log") as broker:
-        kafka = KafkaConfig(broker.bootstrap)
+    with KafkaBroker(log_path=root / "broker.log", security=security) as broker:
+        kafka = broker.kafka_config()
 
         def broker_cpu() -> float:
             total = 0.0
@@ -148,6 +156,8 @@ def measure(
                     "--policy", profile.pipeline.policy, "--session-timeout-ms",
                     str(profile.pipeline.session_timeout_ms)]  # fmt: skip
             argv += [a for kv in conf for a in ("--conf", kv)]
+            if broker.admin_config_path is not None:  # a file of mode 0600: no secret on a command line
+                argv += ["--kafka-config", str(broker.admin_config_path)]
             if with_single:
                 argv += ["--pattern", single]
             cpu0 = broker_cpu()
@@ -194,7 +204,8 @@ def measure(
         taken_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         machine=machine()
         | {"loadavg_end": round(os.getloadavg()[0], 2), "python": platform.python_version()},
-        command=f"sotw plan measure --messages {messages} --profile {profile.name}",
+        command=f"sotw plan measure --messages {messages} --profile {profile.name}"
+        + (f" --security {security}" if security != "plaintext" else ""),
         backlog={
             "messages": float(messages),
             "sensors": float(sensors),

@@ -37,6 +37,7 @@ from loadtest.errors import HarnessError
 from loadtest.planning.costs import Measurements
 from loadtest.planning.measure import drain_once, measure
 from loadtest.run.profile import load_profile
+from sotw.broker.security import SECURITY_MODES
 
 # ------------------------------------------------------------------------------------------------ the model
 
@@ -291,7 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--measurements",
         type=Path,
         default=Path("runs/plan/measurements.json"),
-        help="sotw plan measure's output",
+        help="sotw plan measure's output (default runs/plan/measurements.json, where it writes by default)",
     )
     p.add_argument(
         "--check", type=Path, default=None, help="a `sotw capacity` results.json to check the model against"
@@ -310,11 +311,29 @@ def measure_main(argv: Sequence[str]) -> int:
     p.add_argument("--messages", type=int, default=60_000, help="backlog size (60000)")
     p.add_argument("--profile", default="baseline", help="the fleet and policy measured (baseline)")
     p.add_argument("--scenario", type=Path, default=None, help="scenario TOML (default: the shipped one)")
-    p.add_argument("--out", type=Path, default=Path("runs/plan/measurements.json"), help="where to write")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=Path("runs/plan/measurements.json"),
+        help="where to write (default runs/plan/measurements.json, where sotw plan reads it)",
+    )
+    p.add_argument(
+        "--security",
+        choices=SECURITY_MODES,
+        default="plaintext",
+        help="the local broker's security, as `sotw broker --security` (plaintext): what TLS and SASL cost it",
+    )
     args = p.parse_args(list(argv))
     work = args.out.parent / f"measure-{time.strftime('%Y%m%d-%H%M%S')}"
     profile = load_profile(args.profile, args.scenario)
-    meas = measure(work, args.messages, profile, dict(os.environ), say=lambda m: print(m, flush=True))
+    meas = measure(
+        work,
+        args.messages,
+        profile,
+        dict(os.environ),
+        say=lambda m: print(m, flush=True),
+        security=args.security,
+    )
     meas.to_json(args.out)
     print(f"measurements: {args.out} (work directory {work})")
     return 0

@@ -229,7 +229,11 @@ class RunDriver:
 
         ``may_steady`` False holds the warm-up (a Locust run whose users are stopping).
         """
-        if self.life.tick(may_steady) and self.schedules[0].incidents:
+        if not self.life.tick(may_steady):
+            return
+        if self.life.behind is not None:
+            self.say(f"warning: {self.life.behind}")
+        if self.schedules[0].incidents:
             self.schedules[0].start()
 
     def load_done(self) -> bool:

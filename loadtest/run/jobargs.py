@@ -35,7 +35,9 @@ def add_job_args(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
         + ", ".join("{" + k + "}" for k in PLACEHOLDERS),
     )
     g.add_argument(
-        "--attach", action="store_true", help="verify a job that is already running (needs --output)"
+        "--attach",
+        action="store_true",
+        help="verify a job that is already running (needs --output and --lag-from)",
     )
     g.add_argument("--output", type=Path, default=None, help="--attach: where the job writes")
     g.add_argument(
@@ -43,7 +45,7 @@ def add_job_args(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
         default=None,
         metavar="SOURCE",
         help="checkpoint:PATH (a Spark checkpoint) or group:ID (a consumer group's committed offsets); "
-        "default: the {checkpoint} the template was given",
+        "default: the {checkpoint} the template was given; --attach needs it",
     )
     g.add_argument(
         "--contract", choices=CONTRACTS, default="full", help="output contract the verifier reads (full)"

@@ -64,11 +64,34 @@ def pipeline_warm(sampler: Sampler, elapsed: float, settings: Any) -> bool:
     count that backlog against the steady phase.
     """
     if elapsed >= settings.warmup_s + settings.pipeline_start_timeout_s:
-        return True  # measure anyway; the lag will tell
+        return True  # measure anyway; the lag will tell (``behind`` says so)
+    return caught_up(sampler, settings)
+
+
+def caught_up(sampler: Sampler, settings: Any) -> bool:
+    """Whether the last sample shows the pipeline consuming, its lag age within half the profile's ``max_lag_s``."""
     if not sampler.rows:
         return False
     last = sampler.rows[-1]
     return bool(last.get("consumed", 0) > 0 and last.get("lag_age_s", 0.0) <= settings.max_lag_s / 2)
+
+
+def behind(sampler: Sampler, settings: Any, elapsed: float) -> str | None:
+    """Why the steady phase begins with a backlog, or None when the pipeline caught up in the warm-up.
+
+    A pipeline that never caught up (a machine shared with other work, a load beyond its capacity) turns a
+    drill into a capacity test: its session timeouts run on processing time, so a lag past them closes
+    sessions early and their later rows count as lost. The progress line says so before any incident.
+    """
+    if caught_up(sampler, settings):
+        return None
+    last = sampler.rows[-1] if sampler.rows else {}
+    if not last.get("consumed", 0):
+        return f"the pipeline had consumed nothing after {elapsed:.0f} s of load"
+    return (
+        f"the pipeline had not caught up after {elapsed:.0f} s of load (lag age {last.get('lag_age_s', 0.0):.0f} s,"
+        f" over half the profile's max_lag_s of {settings.max_lag_s:g} s); measuring from a backlog"
+    )
 
 
 def data_loss_reports(log_path: Path) -> int:
@@ -171,6 +194,8 @@ class Lifecycle:
         self.clock = clock if clock is not None else PhaseClock(started_ms=int(time.time() * 1000))
         self.pipeline_failed: str | None = None
         self.stopped: Stop | None = None
+        #: Why the steady phase began with a backlog (``behind``), or None.
+        self.behind: str | None = None
         self._lock = threading.Lock()
         self._load_start = self._steady_start = 0.0
         self._windows: set[int] = set()
@@ -203,9 +228,11 @@ class Lifecycle:
         began = False
         settings = self.profile.run
         if self.current == WARMUP and elapsed >= settings.warmup_s and may_steady:
-            if pipeline_warm(self.sampler, elapsed, settings) and self._enter(STEADY, (WARMUP,)):
-                self._steady_start = time.monotonic()
-                began = True
+            if pipeline_warm(self.sampler, elapsed, settings):
+                self.behind = behind(self.sampler, settings, elapsed)
+                if self._enter(STEADY, (WARMUP,)):
+                    self._steady_start = time.monotonic()
+                    began = True
         if self.pipe is not None and not self.pipe.alive() and not self.stage.pipeline_down_on_purpose:
             self._pipeline_exited(" during the load")
         return began

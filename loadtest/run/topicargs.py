@@ -1,6 +1,6 @@
 """Flags for the cluster a run uses and the topics it owns: ``--security``, ``--replication-factor``, ...
 
-``sotw run`` and ``sotw drill`` add them to their parsers, ``sotw locust`` adds ``--security``; they are turned
+``sotw run``, ``bench`` and ``drill`` add them to their parsers, ``sotw locust`` adds ``--security``; they are turned
 into a ``RunRequest``'s ``security``, ``topics`` and ``cleanup`` here, once.
 """
 

@@ -47,9 +47,9 @@ rows = 10
 rate = 1000
 duration_s = 5
 topic_prefix = "{unique_prefix()}"
-[profile.short]
+[profiles.short.simulator]
 duration_s = 1
-[profile.short.faults]
+[profiles.short.simulator.faults]
 gap = 0.05
 """
     )

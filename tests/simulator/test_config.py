@@ -40,9 +40,9 @@ gap = 0.01
 malformed = 0.2
 [producer]
 "linger.ms" = 5
-[profile.10x]
+[profiles.10x.simulator]
 load_factor = 10
-[profile.10x.faults]
+[profiles.10x.simulator.faults]
 duplicate = 0.02
 """
     )
@@ -53,6 +53,21 @@ duplicate = 0.02
     assert ten.load_factor == 10 and ten.faults == FaultConfig(gap=0.01, duplicate=0.02)
     with pytest.raises(SimulatorError, match="no profile 'nope'.*10x"):
         load_scenario(path, "nope")
+
+
+def test_the_shipped_load_test_scenarios_are_simulator_scenarios_too():
+    """One format for every command: ``sotw simulate --scenario loadtest/scenarios.toml --profile baseline``."""
+    from loadtest.run.profile import default_scenario, load_profile
+
+    fleet = load_scenario(default_scenario(), "baseline")
+    assert fleet == load_profile("baseline").simulator
+
+
+def test_a_singular_profile_table_is_refused_naming_the_format(tmp_path):
+    path = tmp_path / "s.toml"
+    path.write_text("sensors = 3\n[profile.short]\nduration_s = 1\n")
+    with pytest.raises(SimulatorError, match=r"\[profiles.NAME.simulator\]"):
+        load_scenario(path, "short")
 
 
 def test_scenario_with_an_unknown_key_names_it(tmp_path):
