@@ -11,7 +11,7 @@ JARS   := $(foreach b,$(BUNDLES),$(VENV)/jars/$(b)/manifest.json)
 SPARK_DEFAULTS := $(VENV)/jars/spark-defaults.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help setup demo test test-fast test-slow lint typecheck unit bench nightly report clean
+.PHONY: help setup demo test test-fast test-slow lint typecheck unit bench nightly clean
 
 help: ## Show this help
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-10s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -33,9 +33,10 @@ $(SPARK_DEFAULTS): $(VENV)/jars/spark-kafka/manifest.json $(VENV)/jars/delta/man
 	$(BIN)/python -m sotw.sparkjars
 	@touch $@
 
-setup: $(STAMP) $(JARS) $(SPARK_DEFAULTS) ## Create .venv, install sotw, fetch Apache Kafka, Spark's Kafka connector and Delta (Maven), check Java 17+ and Chromium
+setup: $(STAMP) $(JARS) $(SPARK_DEFAULTS) ## Create .venv, install sotw, fetch Apache Kafka, Spark's Kafka connector and Delta (Maven), check Java 17+, Chromium and nftables
 	@sh scripts/check-java.sh
 	@sh scripts/check-chromium.sh
+	@sh scripts/check-nftables.sh
 
 demo: setup ## Run the demo on a local Apache Kafka broker (set-up included)
 	$(BIN)/sotw demo
@@ -43,6 +44,9 @@ demo: setup ## Run the demo on a local Apache Kafka broker (set-up included)
 lint: setup ## Ruff format check, ruff lint and mypy
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+typecheck: setup ## Only mypy (strict on the packages)
 	$(BIN)/mypy
 
 unit: setup ## Only the test suite (without the long tests marked slow)

@@ -29,6 +29,8 @@ def main(argv: Sequence[str]) -> int:
     ``--nodes 3`` starts a three-node cluster (replication factor 3, ``min.insync.replicas=2``).
     ``--security sasl_ssl`` (or ``ssl``, ``sasl_plaintext``) secures it and prints the admin's settings file
     as ``--kafka-config FILE``; ``sotw broker add-user NAME --topic-prefix P ...`` adds a user for runs.
+    ``--netns`` puts each node in a network namespace of its own (hosts n1, n2, ... on a bridge), reached
+    from here on its own address; it needs root, iproute2 and nftables.
     """
     if list(argv[:1]) == ["add-user"]:
         return add_user_main(argv[1:])
@@ -39,6 +41,12 @@ def main(argv: Sequence[str]) -> int:
     )
     parser.add_argument("--port", type=int, default=0, help="client port of the first node (default: free)")
     parser.add_argument("--host", default="127.0.0.1", help="loopback address to bind (default 127.0.0.1)")
+    parser.add_argument(
+        "--netns",
+        action="store_true",
+        help="each node in a network namespace of its own, on its own address (for partitions between "
+        "nodes); needs root and nftables; --host is then unused and --port (default 9092) is every node's",
+    )
     parser.add_argument(
         "--security",
         choices=SECURITY_MODES,
@@ -80,10 +88,18 @@ def main(argv: Sequence[str]) -> int:
         start_timeout=args.timeout,
         overrides=overrides,
         security=args.security,
+        netns=args.netns,
     )
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+
+    def on_sigterm(*_: object) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_sigterm)
     with broker:
+        # A network's own SIGTERM handler (installed as it starts) would remove it under running nodes: the
+        # broker stops them first, then removes the network, on leaving this block.
+        signal.signal(signal.SIGTERM, on_sigterm)
         config = f" --kafka-config {broker.admin_config_path}" if broker.admin_config_path else ""
         print(f"broker ready: --bootstrap {broker.bootstrap}{config}", flush=True)
         if broker.secrets is not None:
@@ -95,6 +111,12 @@ def main(argv: Sequence[str]) -> int:
             print(
                 "a user for runs: sotw broker add-user NAME --topic-prefix PREFIX "
                 f"--bootstrap {broker.bootstrap}{config}",
+                flush=True,
+            )
+        if broker.network is not None:
+            hosts = ", ".join(f"{broker.host_name(n)} {a}" for n, a in broker.addresses.items())
+            print(
+                f"network: {broker.network.tag} (hosts {hosts}; the gateway {broker.network.gateway})",
                 flush=True,
             )
         kept = "temporary, removed when it stops" if args.data_dir is None else "kept"

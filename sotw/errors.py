@@ -15,3 +15,7 @@ class BrokerError(SotwError):
 
 class SetupError(SotwError):
     """Something ``make setup`` provides is missing or broken: a Java runtime, Maven, a bundle of jars."""
+
+
+class NetworkError(SotwError):
+    """A network of namespaces (``sotw.network``) could not be made, changed or removed."""

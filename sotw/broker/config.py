@@ -80,6 +80,10 @@ OWNED = (
     "metadata.log.dir",
 )
 
+#: Each node's client port in a namespace of its own (``netns``) when ``port`` is 0; its internal and controller
+#: listeners take the next two. Fixed, since a free-port check in the root namespace says nothing of a namespace.
+NETNS_PORT = 9092
+
 #: Heap per node (MiB) when not given: 512 for one node; three share the machine with Spark, so less each.
 DEFAULT_HEAP_MB = {1: 512, 2: 384, 3: 320}
 
@@ -104,9 +108,10 @@ class KafkaBrokerConfig:
         How many nodes. With three or more, topics get replication factor 3 and ``min.insync.replicas=2`` by
         default, so one node can die without losing an acknowledged record or refusing ``acks=all``.
     host
-        Loopback address every listener binds.
+        Loopback address every listener binds (unused with ``netns``: each node binds its own address).
     port
         The client port of the first node (0 picks a free one); other nodes and listeners take free ports.
+        With ``netns``, every node's client port (0: ``NETNS_PORT``), the next two its other listeners'.
     data_dir
         The directory the broker owns (one ``node-N`` inside per node). None: a temporary directory, removed
         when the broker stops. A given one is kept, and the broker started on it again comes back with its
@@ -132,6 +137,11 @@ class KafkaBrokerConfig:
     security
         One of ``sotw.broker.security.SECURITY_MODES``: ``plaintext`` (no TLS, no login, no ACLs), ``ssl``,
         ``sasl_plaintext`` or ``sasl_ssl`` (a CA, node keystores, SCRAM-SHA-512 users and an authorizer).
+    netns
+        Put node N in a network namespace of its own, host ``nN`` of a ``sotw.network.Network``, listening
+        and advertising on its address there, so that faults can cut links between nodes (partitions) as
+        ``proxied`` cannot. Needs root, iproute2 and nftables; clients in the root namespace reach the nodes
+        through the network's bridge.
     """
 
     nodes: int = 1
@@ -147,6 +157,7 @@ class KafkaBrokerConfig:
     java: str = "java"
     overrides: Mapping[str, str] = field(default_factory=dict)
     security: str = "plaintext"
+    netns: bool = False
 
     def __post_init__(self) -> None:
         secured = security_mode(self.security).secured
@@ -154,6 +165,13 @@ class KafkaBrokerConfig:
             raise BrokerError(f"nodes must be a whole number from 1 to 9, got {self.nodes!r}")
         if isinstance(self.port, bool) or not isinstance(self.port, int) or not 0 <= self.port <= 65535:
             raise BrokerError(f"port must be from 0 (a free one) to 65535, got {self.port!r}")
+        if self.netns and self.proxied:
+            raise BrokerError(
+                "netns and proxied cannot be combined: cut a namespaced node's links with its Network's "
+                "partition instead of a proxy"
+            )
+        if self.netns and self.port > 65533:
+            raise BrokerError(f"port must leave room for two more listeners with netns, got {self.port!r}")
         if self.cluster_id is not None and not _CLUSTER_ID.fullmatch(self.cluster_id):
             raise BrokerError(
                 "cluster_id must be 22 URL-safe base64 characters not starting with '-', "
@@ -206,7 +224,7 @@ class KafkaBrokerConfig:
 
 @dataclass(frozen=True)
 class NodePorts:
-    """The loopback ports of one node.
+    """The ports of one node (on loopback, or on its own address with ``netns``).
 
     Attributes
     ----------
@@ -226,9 +244,9 @@ class NodePorts:
     controller: int
 
 
-def voters(host: str, ports: Mapping[int, NodePorts]) -> str:
-    """``controller.quorum.voters`` for the nodes: ``1@HOST:PORT,2@HOST:PORT,...``."""
-    return ",".join(f"{node}@{host}:{p.controller}" for node, p in sorted(ports.items()))
+def voters(hosts: Mapping[int, str], ports: Mapping[int, NodePorts]) -> str:
+    """``controller.quorum.voters`` for the nodes: ``1@HOST:PORT,2@HOST:PORT,...``, each at its own host."""
+    return ",".join(f"{node}@{hosts[node]}:{p.controller}" for node, p in sorted(ports.items()))
 
 
 def node_properties(
@@ -237,20 +255,23 @@ def node_properties(
     ports: Mapping[int, NodePorts],
     data: Path,
     security: Mapping[str, str] | None = None,
+    hosts: Mapping[int, str] | None = None,
 ) -> dict[str, str]:
     """The ``server.properties`` of ``node``: its wiring, ``TUNED``, replication, ``security``, the overrides.
 
-    ``security`` holds the node's TLS, SASL and authorizer settings (``BrokerSecrets.node_properties``).
+    ``security`` holds the node's TLS, SASL and authorizer settings (``BrokerSecrets.node_properties``);
+    ``hosts`` each node's address (``config.host`` for every node by default; their own with ``netns``).
     """
     own = ports[node]
-    host = config.host
+    hosts = hosts or {n: config.host for n in ports}
+    host = hosts[node]
     rf, isr = str(config.replication_factor), str(config.min_insync_replicas)
     props = {
         "process.roles": "broker,controller",
         "node.id": str(node),
         # Static voters: every node knows the quorum from its configuration, so formatting needs no
         # --standalone (which would make each node a quorum of its own).
-        "controller.quorum.voters": voters(host, ports),
+        "controller.quorum.voters": voters(hosts, ports),
         "listeners": ",".join(
             (
                 f"CLIENT://{host}:{own.listen}",

@@ -4,9 +4,11 @@ Each node is one JVM (``kafka.Kafka``) that is both broker and controller, run f
 fetched (``sotw.jars``), with its data under a directory the broker owns. ``KafkaBroker`` starts and stops
 them, and offers the incidents of game days (pause, restart keeping or losing data, the proxy's network cuts),
 plus what a cluster adds: a node killed, stopped or started on its own, leadership and replication looked up
-through the admin API. docs/broker.md says what clients see in each. A secured broker (``security``) gets its
-TLS material, SCRAM admin and authorizer from ``sotw.broker.security`` and its run users from
-``sotw.broker.users``.
+through the admin API. docs/broker.md says what clients see in each. Its parts live beside it: where the
+nodes live (``sotw.broker.placement``: loopback, or a network namespace each), their processes
+(``sotw.broker.nodes``) and the cluster's look-ups (``sotw.broker.lookups``). A secured broker
+(``security``) gets its TLS material, SCRAM admin and authorizer from ``sotw.broker.security`` and its run
+users from ``sotw.broker.users``.
 """
 
 from __future__ import annotations
@@ -15,28 +17,21 @@ import contextlib
 import logging
 import shutil
 import signal
-import subprocess
 import threading
 import time
-from collections import Counter
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Iterable
+from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 from confluent_kafka.admin import AdminClient, ClusterMetadata
 
-from sotw.broker.config import (
-    LOG4J2,
-    KafkaBrokerConfig,
-    NodePorts,
-    argfile_text,
-    jvm_args,
-    node_properties,
-    properties_text,
-)
-from sotw.broker.net import free_port, port_in_use
+from sotw.broker.config import KafkaBrokerConfig
+from sotw.broker.lookups import ClusterLookups, PartitionState, admin_on, agreed_metadata
+from sotw.broker.net import port_in_use
+from sotw.broker.nodes import Launcher, Node, log_tail
+from sotw.broker.placement import Placement, host_name, placement
 from sotw.broker.security import BrokerSecrets
 from sotw.broker.storage import DataDir
 from sotw.broker.users import RunUser, add_run_user
@@ -44,82 +39,36 @@ from sotw.errors import BrokerError, SetupError
 from sotw.jars import classpath
 from sotw.java import find_java
 from sotw.kafka import KafkaConfig
+from sotw.network import Network
 from sotw.outage import Outage, now_ms
 from sotw.processgroup import ProcessGroup, wait_stopped
 from sotw.proxy import TcpProxy
-from sotw.tls import write_private
 
 log = logging.getLogger(__name__)
 
-#: How many lines of a node's log an error message quotes.
-LOG_TAIL = 25
+__all__ = ["KafkaBroker", "PartitionState"]
 
 
-def log_tail(path: Path, lines: int = LOG_TAIL) -> str:
-    """The last ``lines`` lines of ``path`` (empty if it cannot be read)."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, 2)
-            f.seek(max(0, f.tell() - 64 * 1024))
-            text = f.read().decode("utf-8", "replace")
-    except OSError:
-        return ""
-    return "\n".join(text.splitlines()[-lines:])
-
-
-@dataclass(frozen=True, order=True)
-class PartitionState:
-    """One partition as the cluster's metadata shows it: its leader (-1: none), replicas and those in sync."""
-
-    topic: str
-    partition: int
-    leader: int
-    replicas: tuple[int, ...]
-    isr: tuple[int, ...]
-
-    @property
-    def under_replicated(self) -> bool:
-        """Fewer replicas in sync than assigned."""
-        return len(self.isr) < len(self.replicas)
-
-
-@dataclass
-class _Node:
-    """One node's files, ports and process (None while it is down)."""
-
-    id: int
-    dir: Path
-    log_path: Path
-    ports: NodePorts
-    process: subprocess.Popen[bytes] | None = None
-    proxy: TcpProxy | None = None
-    down_on_purpose: bool = False
-
-    @property
-    def data(self) -> Path:
-        """The node's ``log.dirs`` (its records and its copy of the cluster's metadata)."""
-        return self.dir / "data"
-
-    @property
-    def properties(self) -> Path:
-        return self.dir / "server.properties"
-
-    def alive(self) -> bool:
-        return self.process is not None and self.process.poll() is None
-
-
-class KafkaBroker(contextlib.AbstractContextManager["KafkaBroker"]):
-    """Apache Kafka nodes on loopback, started on enter and stopped on exit, with incidents for drills.
+class KafkaBroker(ClusterLookups, contextlib.AbstractContextManager["KafkaBroker"]):
+    """Apache Kafka nodes, started on enter and stopped on exit, with incidents for drills.
 
     Every node is broker and controller (KRaft combined mode) and runs in one ``ProcessGroup``: the JVMs stop
     with the broker and are killed if the process that started them dies. Data lives on disk, so ``restart``
     keeps every acknowledged record; ``restart(lose_data=True)`` wipes the nodes' log directories while they
     are down. The methods are thread-safe, so a drill thread can call them while others produce and consume.
 
+    The nodes share one loopback address, or with ``netns`` each lives in a network namespace of its own,
+    host ``nN`` of ``network``, so that ``network.partition`` cuts links between nodes, or between a node and
+    the clients of the root namespace (``sotw.network.GATEWAY``).
+
     Parameters
     ----------
     config
         What to start; keyword arguments change single fields of it (``KafkaBroker(nodes=3)``).
+    network
+        A started ``sotw.network.Network`` holding hosts ``n1``...``nN`` to put the nodes in (implies
+        ``netns``); it stays open when the broker stops. None with ``netns``: the broker makes its own,
+        and removes it when it stops.
 
     Attributes
     ----------
@@ -127,15 +76,18 @@ class KafkaBroker(contextlib.AbstractContextManager["KafkaBroker"]):
         Every finished incident, oldest first (proxies keep their own in ``proxy.outages``).
     """
 
-    def __init__(self, config: KafkaBrokerConfig | None = None, /, **changes: Any) -> None:
+    def __init__(
+        self, config: KafkaBrokerConfig | None = None, /, *, network: Network | None = None, **changes: Any
+    ) -> None:
+        if network is not None:
+            changes["netns"] = True
         self.config = replace(config or KafkaBrokerConfig(), **changes)
         self.outages: list[Outage] = []
-        self._nodes: dict[int, _Node] = {}
+        self._nodes: dict[int, Node] = {}
+        self._placement: Placement = placement(self.config, network)
         self._storage: DataDir | None = None
         self._secrets: BrokerSecrets | None = None
-        self._group: ProcessGroup | None = None
-        self._java = ""
-        self._classpath = ""
+        self._launcher: Launcher | None = None
         self._paused_ms: int | None = None
         self._frozen: set[int] = set()
         self._admin: AdminClient | None = None
@@ -145,8 +97,31 @@ class KafkaBroker(contextlib.AbstractContextManager["KafkaBroker"]):
 
     @property
     def host(self) -> str:
-        """The loopback address every listener binds."""
-        return self.config.host
+        """The loopback address every listener binds (with ``netns``, the first node's own address)."""
+        return self._nodes[1].host if self._nodes else self.config.host
+
+    @property
+    def network(self) -> Network | None:
+        """The network whose hosts the nodes are (``netns``; None on loopback, and before ``start``)."""
+        return self._placement.network
+
+    @property
+    def addresses(self) -> dict[int, str]:
+        """Each node's address, by node id (all ``host`` on loopback)."""
+        return {n.id: n.host for n in self._nodes.values()}
+
+    def host_name(self, node: int) -> str:
+        """Node ``node``'s host in ``network`` (``n1``...), for its faults: ``network.partition([...], [...])``.
+
+        Raises
+        ------
+        BrokerError
+            If the broker has no such node, or its nodes are not in a network.
+        """
+        self._node(node)
+        if self.network is None:
+            raise BrokerError("the broker's nodes share loopback: start it with netns to give them hosts")
+        return host_name(node)
 
     @property
     def port(self) -> int:
@@ -156,7 +131,7 @@ class KafkaBroker(contextlib.AbstractContextManager["KafkaBroker"]):
     @property
     def bootstrap(self) -> str:
         """``HOST:PORT[,HOST:PORT...]``: every node's client address (its proxy's when proxied)."""
-        return ",".join(f"{self.host}:{n.ports.client}" for n in self._nodes.values())
+        return ",".join(n.client_address for n in self._nodes.values())
 
     @property
     def node_ids(self) -> list[int]:
@@ -249,25 +224,22 @@ class KafkaBroker(contextlib.AbstractContextManager["KafkaBroker"]):
             Naming the fix: Java missing or older than 17, the jars missing or damaged (``make setup``), a
             port taken, a data directory of another cluster, or a node that never became ready (with the end
             of its log).
+        NetworkError
+            With ``netns``: naming what is missing to make the network (root, ``ip``, ``tc``, ``nft``).
         """
         with self._lock:
-            try:
-                self._java = find_java(self.config.java)
-                self._classpath = ":".join(str(p) for p in classpath("kafka"))
-            except SetupError as exc:
-                raise BrokerError(str(exc)) from None
             cfg = self.config
-            if cfg.port and port_in_use(cfg.host, cfg.port):
-                raise BrokerError(
-                    f"port {cfg.port} on {cfg.host} is taken; choose another with --port or use 0"
-                )
             try:
+                # The network first: a refusal for want of root or nftables names that, whatever else lacks.
+                self._placement.open()
+                java, jars = self._java()
                 self._storage = DataDir.open(cfg.data_dir, cfg.nodes, cfg.cluster_id)
-                if cfg.mode.secured:
-                    self._secrets = BrokerSecrets(cfg.mode, self._storage.path, cfg.host)
-                    self._secrets.prepare()
-                self._group = ProcessGroup()
+                self._launcher = Launcher(cfg, java, jars, ProcessGroup(), self._placement.command)
                 self._layout()
+                if cfg.mode.secured:
+                    hosts = [n.host for n in self._nodes.values()]
+                    self._secrets = BrokerSecrets(cfg.mode, self._storage.path, hosts)
+                    self._secrets.prepare()
                 for node in self._nodes.values():
                     self._write_config(node)
                 self._format([n for n in self._nodes.values() if not self._storage.formatted(n.data)])
@@ -278,34 +250,27 @@ class KafkaBroker(contextlib.AbstractContextManager["KafkaBroker"]):
                 self.stop()
                 raise
             log.info(
-                "Apache Kafka (%d node%s) listening on %s, data in %s",
+                "Apache Kafka (%d node%s%s) listening on %s, data in %s",
                 cfg.nodes,
                 "" if cfg.nodes == 1 else "s",
+                f", network {self.network.tag}" if self.network is not None else "",
                 self.bootstrap,
                 self.data_dir,
             )
             return self
 
+    def _java(self) -> tuple[str, str]:
+        """The Java runtime and Kafka's class path, or ``BrokerError`` naming the fix (``make setup``)."""
+        try:
+            return find_java(self.config.java), ":".join(str(p) for p in classpath("kafka"))
+        except SetupError as exc:
+            raise BrokerError(str(exc)) from None
+
     def _layout(self) -> None:
-        """Choose every node's ports and files, and start the proxies."""
+        """Choose every node's address, ports and files, and start the proxies."""
         cfg = self.config
         assert self._storage is not None
-        ports: dict[int, NodePorts] = {}
-        taken: set[int] = set()
-
-        def pick() -> int:
-            while (port := free_port(cfg.host)) in taken:
-                pass
-            taken.add(port)
-            return port
-
-        if cfg.port:
-            taken.add(cfg.port)
-        for node in range(1, cfg.nodes + 1):
-            client = cfg.port if node == 1 and cfg.port else pick()
-            listen = pick() if cfg.proxied else client
-            ports[node] = NodePorts(client=client, listen=listen, internal=pick(), controller=pick())
-        for node, p in ports.items():
+        for node, p in self._placement.ports(cfg.nodes).items():
             folder = self._storage.node_dir(node)
             if cfg.log_path is None:
                 log_path = folder / "server.log"
@@ -313,75 +278,33 @@ class KafkaBroker(contextlib.AbstractContextManager["KafkaBroker"]):
                 log_path = cfg.log_path
             else:
                 log_path = cfg.log_path.with_name(f"{cfg.log_path.stem}-{node}{cfg.log_path.suffix}")
-            self._nodes[node] = _Node(node, folder, log_path, p)
+            self._nodes[node] = Node(node, self._placement.address(node), folder, log_path, p)
         if cfg.proxied:
             for n in self._nodes.values():
-                n.proxy = TcpProxy(cfg.host, n.ports.listen, cfg.host, n.ports.client).start()
+                n.proxy = TcpProxy(n.host, n.ports.listen, n.host, n.ports.client).start()
 
-    def _write_config(self, node: _Node) -> None:
-        node.dir.mkdir(parents=True, exist_ok=True)
-        node.log_path.parent.mkdir(parents=True, exist_ok=True)
+    def _write_config(self, node: Node) -> None:
+        assert self._launcher is not None
+        node.dir.mkdir(parents=True, exist_ok=True)  # the node's keystore is written there first
         security = None
         if self._secrets is not None:
             security = self._secrets.node_properties(node.id, node.dir, self.node_ids)
-        props = node_properties(
-            self.config, node.id, {n.id: n.ports for n in self._nodes.values()}, node.data, security
-        )
-        # A secured node's settings hold its keystore's and the admin's passwords: its owner's alone.
-        write_private(node.properties, properties_text(props))
-        (node.dir / "log4j2.properties").write_text(LOG4J2)
+        self._launcher.write_config(node, self._nodes, security)
 
-    def _java_command(self, node: _Node, main: Sequence[str]) -> list[str]:
-        return [
-            self._java,
-            *jvm_args(self.config, node.dir / "log4j2.properties"),
-            "-cp",
-            self._classpath,
-            *main,
-        ]
+    def _format(self, nodes: list[Node]) -> None:
+        """Format the log directories of ``nodes`` for the cluster id."""
+        assert self._launcher is not None and self._storage is not None
+        scram = self._secrets.format_arguments() if self._secrets is not None else []
+        self._launcher.format(nodes, self._storage.cluster_id, scram)
 
-    def _format(self, nodes: Sequence[_Node]) -> None:
-        """Format the log directories of ``nodes`` for the cluster id, in parallel (one short JVM each)."""
-        assert self._group is not None and self._storage is not None
-        cluster_id = self._storage.cluster_id
-        running = []
-        for node in nodes:
-            node.data.mkdir(parents=True, exist_ok=True)
-            tool = ["kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(node.properties)]
-            scram = self._secrets.format_arguments() if self._secrets is not None else []
-            if scram:
-                # The admin's SCRAM credential holds its password: in a 0600 argument file the launcher
-                # reads (the main class too, as it stops expanding @files at the first application argument).
-                tool = ["@" + str(write_private(node.dir / "format.args", argfile_text([*tool, *scram])))]
-            cmd = self._java_command(node, tool)
-            # The tool needs no more heap than the default's start; the node's fixed heap would be waste.
-            cmd = [a for a in cmd if not a.startswith(("-Xms", "-Xmx"))]
-            running.append((node, self._group.spawn(cmd, {}, node.log_path)))
-        for node, proc in running:
-            try:
-                code = proc.wait(max(30.0, self.config.start_timeout))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-                code = None
-            (node.dir / "format.args").unlink(missing_ok=True)
-            if code != 0:
-                raise BrokerError(
-                    f"formatting node {node.id}'s storage {node.data} failed (exit code {code}); "
-                    f"the end of {node.log_path}:\n{log_tail(node.log_path)}"
-                )
-
-    def _spawn(self, node: _Node) -> None:
-        assert self._group is not None
+    def _spawn(self, node: Node) -> None:
+        assert self._launcher is not None
         for port in (node.ports.listen, node.ports.internal, node.ports.controller):
-            if port_in_use(self.host, port):
-                raise BrokerError(f"port {port} on {self.host} (node {node.id}) is taken by another process")
-        node.process = self._group.spawn(
-            self._java_command(node, ["kafka.Kafka", str(node.properties)]), {}, node.log_path
-        )
-        node.down_on_purpose = False
+            if port_in_use(node.host, port):
+                raise BrokerError(f"port {port} on {node.host} (node {node.id}) is taken by another process")
+        self._launcher.spawn(node)
 
-    def _wait_ready(self, nodes: Iterable[_Node], deadline: float) -> None:
+    def _wait_ready(self, nodes: Iterable[Node], deadline: float) -> None:
         """Block until each of ``nodes`` is registered and serving, as the metadata of every node shows it."""
         waiting = {n.id: n for n in nodes}
         admin: AdminClient | None = None
@@ -393,10 +316,9 @@ class KafkaBroker(contextlib.AbstractContextManager["KafkaBroker"]):
                         f"Kafka node {node.id} exited with code {code} while starting; "
                         f"the end of {node.log_path}:\n{log_tail(node.log_path)}"
                     )
-            if admin is None and all(port_in_use(self.host, n.ports.listen) for n in waiting.values()):
+            if admin is None and all(port_in_use(n.host, n.ports.listen) for n in waiting.values()):
                 # Only once the listeners accept: before, librdkafka logs every refused connection.
-                listen = ",".join(f"{self.host}:{n.ports.listen}" for n in waiting.values())
-                admin = AdminClient({"bootstrap.servers": listen, "log_level": 0, **self.client_settings})
+                admin = admin_on([n.listen_address for n in waiting.values()], self.client_settings)
             if admin is not None:
                 with contextlib.suppress(Exception):  # KafkaException while the nodes are still coming up
                     brokers = admin.list_topics(timeout=1.0).brokers
@@ -414,7 +336,7 @@ class KafkaBroker(contextlib.AbstractContextManager["KafkaBroker"]):
             time.sleep(0.1)
 
     def stop(self, timeout: float | None = None) -> None:
-        """Stop every node and the proxies; remove a temporary data directory.
+        """Stop every node and the proxies; remove a temporary data directory and a network the broker made.
 
         Nodes with data to keep get SIGTERM all at once (stopped one by one, the last ones would wait in
         controlled shutdown for a controller quorum already gone), and SIGKILL after ``timeout`` seconds
@@ -427,39 +349,21 @@ class KafkaBroker(contextlib.AbstractContextManager["KafkaBroker"]):
             self._admin = None
             nodes = list(self._nodes.values())
             if self._storage is not None and self._storage.temporary:
-                self._terminate(nodes, 0.0, kill=True)
+                Launcher.terminate(nodes, 0.0, kill=True)
             else:
-                self._terminate(nodes, self.config.stop_grace_s if timeout is None else timeout)
+                Launcher.terminate(nodes, self.config.stop_grace_s if timeout is None else timeout)
             for node in self._nodes.values():
                 if node.proxy is not None:
                     node.proxy.stop()
                     node.proxy = None
-            group, self._group = self._group, None
-            if group is not None:
-                group.close()
+            launcher, self._launcher = self._launcher, None
+            if launcher is not None:
+                launcher.group.close()
+            self._placement.close()
             storage, self._storage = self._storage, None
             self._secrets = None
             if storage is not None:
                 storage.close()
-
-    def _terminate(self, nodes: Sequence[_Node], grace_s: float, kill: bool = False) -> None:
-        """SIGTERM (or SIGKILL) ``nodes`` at once and reap them; SIGKILL what is left after ``grace_s``."""
-        procs = [n.process for n in nodes if n.process is not None]
-        for proc in procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
-                if not kill:
-                    proc.send_signal(signal.SIGCONT)  # a paused node handles its SIGTERM only once it runs
-        deadline = time.monotonic() + grace_s
-        for proc in procs:
-            try:
-                proc.wait(None if kill else max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                log.warning("Kafka pid %d did not stop within %g s of SIGTERM: killed", proc.pid, grace_s)
-                proc.kill()
-                proc.wait()
-        for node in nodes:
-            node.process = None
 
     def __enter__(self) -> KafkaBroker:
         return self.start()
@@ -471,7 +375,7 @@ class KafkaBroker(contextlib.AbstractContextManager["KafkaBroker"]):
 
     # ---- incidents -----------------------------------------------------------------------------------
 
-    def _node(self, node_id: int) -> _Node:
+    def _node(self, node_id: int) -> Node:
         try:
             return self._nodes[node_id]
         except KeyError:
@@ -479,7 +383,7 @@ class KafkaBroker(contextlib.AbstractContextManager["KafkaBroker"]):
                 f"no node {node_id}: the broker's nodes are {self.node_ids or 'not started'}"
             ) from None
 
-    def _targets(self, node: int | None) -> list[_Node]:
+    def _targets(self, node: int | None) -> list[Node]:
         return list(self._nodes.values()) if node is None else [self._node(node)]
 
     def check_alive(self) -> None:
@@ -491,7 +395,7 @@ class KafkaBroker(contextlib.AbstractContextManager["KafkaBroker"]):
                 if not node.down_on_purpose and not node.alive():
                     code = None if node.process is None else node.process.returncode
                     raise BrokerError(
-                        f"Kafka node {node.id} at {self.host}:{node.ports.client} is gone "
+                        f"Kafka node {node.id} at {node.client_address} is gone "
                         f"(exit code {code}); see {node.log_path}"
                     )
 
@@ -578,7 +482,7 @@ class KafkaBroker(contextlib.AbstractContextManager["KafkaBroker"]):
             targets = self._targets(node)
             for n in targets:
                 n.down_on_purpose = True
-            self._terminate(targets, self.config.stop_grace_s, kill=kill)
+            Launcher.terminate(targets, self.config.stop_grace_s, kill=kill)
 
     def kill_node(self, node: int) -> None:
         """SIGKILL one node, as a crash (``stop_node(node, kill=True)``)."""
@@ -607,7 +511,7 @@ class KafkaBroker(contextlib.AbstractContextManager["KafkaBroker"]):
                     self._spawn(n)
                 self._wait_ready(targets, time.monotonic() + self.config.start_timeout)
             except BaseException:
-                self._terminate(targets, 0.0, kill=True)
+                Launcher.terminate(targets, 0.0, kill=True)
                 for n in targets:
                     n.down_on_purpose = True
                 raise
@@ -618,91 +522,23 @@ class KafkaBroker(contextlib.AbstractContextManager["KafkaBroker"]):
         """The broker's admin client on the nodes' own listeners (past any proxy), made on first use."""
         with self._lock:
             if self._admin is None:
-                self._admin = self._admin_on(self._nodes.values())
+                self._admin = admin_on([n.listen_address for n in self._nodes.values()], self.client_settings)
             return self._admin
 
-    def _admin_on(self, nodes: Iterable[_Node]) -> AdminClient:
-        """An admin client bootstrapped on ``nodes``' own listeners (past any proxy)."""
-        listen = ",".join(f"{self.host}:{n.ports.listen}" for n in nodes)
-        # Quiet: while a node is down, librdkafka logs each refused connection (errors still raise).
-        return AdminClient({"bootstrap.servers": listen, "log_level": 0, **self.client_settings})
-
-    def _metadata(self) -> ClusterMetadata:
-        """The cluster's metadata from a node that answers.
+    def metadata(self) -> ClusterMetadata:
+        """The cluster's metadata from nodes that answer.
 
         While a node is frozen, librdkafka may send the request down its open connection to that node, which
         never answers: an incident waiting for the ISR to shrink then sees nothing until the node is thawed.
-        So a client bootstrapped on the running, unfrozen nodes alone asks instead.
+        So a client bootstrapped on the running, unfrozen nodes alone asks instead. Nodes in namespaces can be
+        cut from each other, and one cut from the controllers answers from a copy that stopped changing: each
+        node is asked on its own and most of them decide (``agreed_metadata``).
         """
         with self._lock:
             frozen = set(self._frozen)
             answering = [n for n in self._nodes.values() if n.id not in frozen and n.alive()]
+        if self.network is not None and answering:
+            return agreed_metadata({n.id: n.listen_address for n in answering}, self.client_settings, 5.0)
         if not frozen or not answering:
             return self.admin().list_topics(timeout=10)
-        return self._admin_on(answering).list_topics(timeout=10)
-
-    def partitions(self, topics: Iterable[str] | None = None) -> list[PartitionState]:
-        """Every partition of ``topics`` (all but the internal ones by default) as the metadata shows it now.
-
-        Raises
-        ------
-        confluent_kafka.KafkaException
-            If no node answers within 10 s.
-        """
-        meta = self._metadata()
-        wanted = None if topics is None else set(topics)
-        return sorted(
-            PartitionState(name, p.id, p.leader, tuple(p.replicas), tuple(p.isrs))
-            for name, t in meta.topics.items()
-            if (wanted is None and not name.startswith("__")) or (wanted is not None and name in wanted)
-            for p in t.partitions.values()
-        )
-
-    def leader_counts(self, topics: Iterable[str] | None = None) -> dict[int, int]:
-        """How many partitions of ``topics`` (all but the internal ones by default) each node leads."""
-        counts = Counter(p.leader for p in self.partitions(topics) if p.leader >= 0)
-        return {n: counts.get(n, 0) for n in self.node_ids}
-
-    def busiest_leader(self, topics: Iterable[str] | None = None) -> int:
-        """The node leading the most partitions of ``topics`` (the lowest id of a tie)."""
-        counts = self.leader_counts(topics)
-        return max(sorted(counts), key=lambda n: counts[n])
-
-    def under_replicated(self, topics: Iterable[str] | None = None) -> list[tuple[str, int]]:
-        """Partitions of ``topics`` with fewer replicas in sync than assigned (by default of every topic)."""
-        meta = self._metadata()
-        wanted = None if topics is None else set(topics)
-        return sorted(
-            (name, p.id)
-            for name, t in meta.topics.items()
-            if wanted is None or name in wanted
-            for p in t.partitions.values()
-            if len(p.isrs) < len(p.replicas)
-        )
-
-    def wait_replicated(self, timeout: float = 60.0, topics: Iterable[str] | None = None) -> float:
-        """Block until no partition is under-replicated; return the seconds it took.
-
-        Raises
-        ------
-        BrokerError
-            Naming the first partition still under-replicated after ``timeout`` seconds.
-        """
-        started = time.monotonic()
-        wanted = None if topics is None else list(topics)
-        while True:
-            try:
-                left = self.under_replicated(wanted)
-            except Exception as exc:  # KafkaException while a node is still coming up
-                left, error = [("?", -1)], str(exc)
-            else:
-                error = ""
-            if not left:
-                return time.monotonic() - started
-            if time.monotonic() - started > timeout:
-                topic, partition = left[0]
-                raise BrokerError(
-                    f"{len(left)} partitions still under-replicated after {timeout:g} s "
-                    f"({topic}/{partition} first){': ' + error if error else ''}"
-                )
-            time.sleep(0.2)
+        return admin_on([n.listen_address for n in answering], self.client_settings).list_topics(timeout=10)

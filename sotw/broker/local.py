@@ -119,6 +119,7 @@ def local_broker(
     proxied: bool = False,
     overrides: Mapping[str, str] | None = None,
     security: str = "plaintext",
+    netns: bool = False,
 ) -> LocalBroker:
     """The broker ``name`` (not started yet: use it as a context manager, or call ``start``).
 
@@ -135,6 +136,10 @@ def local_broker(
     security
         ``plaintext``, ``ssl``, ``sasl_plaintext`` or ``sasl_ssl`` (docs/broker.md); a secured broker's admin
         settings are ``KafkaBroker.client_settings`` and its file ``admin_config_path``.
+    netns
+        Each node in a network namespace of its own (``KafkaBroker.network``, hosts ``n1``...), for faults
+        between nodes; needs root, iproute2 and nftables, and ``start`` raises ``NetworkError`` naming what
+        is missing. Not with ``proxied``.
     """
     from sotw.broker.kafka import KafkaBroker
 
@@ -144,4 +149,5 @@ def local_broker(
         proxied=proxied,
         overrides=dict(overrides or {}),
         security=security,
+        netns=netns,
     )

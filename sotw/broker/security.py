@@ -9,7 +9,7 @@ hold only a run's ACLs are made in ``sotw.broker.users``. docs/broker.md says wh
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -268,13 +268,16 @@ class BrokerSecrets:
     root
         The broker's data directory.
     host
-        The address the nodes bind (a SubjectAltName of their certificates besides the loopback names).
+        The address the nodes bind (a SubjectAltName of their certificates besides the loopback names), or
+        every node's address when each has its own (``netns``): each node's certificate names them all, so
+        a client or a peer verifying the name of whichever node it reached finds it there.
     """
 
-    def __init__(self, mode: SecurityMode, root: Path, host: str) -> None:
+    def __init__(self, mode: SecurityMode, root: Path, host: str | Sequence[str]) -> None:
         self.mode = mode
         self.root = root
-        self.host = host
+        self.hosts = (host,) if isinstance(host, str) else tuple(host)
+        self.host = self.hosts[0]
         self.tls_dir = root / "tls"
         self.users_dir = root / "users"
         self.ca_path = self.tls_dir / "ca.pem"
@@ -283,6 +286,11 @@ class BrokerSecrets:
         self._ca: CertificateAuthority | None = None
         self._admin_password = ""
         self._admin_certificate: PemFiles | None = None
+
+    @property
+    def server_hosts(self) -> tuple[str, ...]:
+        """The SubjectAltNames of the nodes' certificates: the loopback names and every node's address."""
+        return tuple(dict.fromkeys(name for host in self.hosts for name in server_hosts(host)))
 
     @property
     def ca(self) -> CertificateAuthority:
@@ -363,7 +371,7 @@ class BrokerSecrets:
     def node_properties(self, node: int, node_dir: Path, node_ids: Iterable[int]) -> dict[str, str]:
         """Make node ``node``'s key, certificate and keystore (a new password) and return its settings."""
         password = new_secret()
-        keystore = self.ca.issue(node_name(node), server_hosts(self.host)).write_pkcs12(
+        keystore = self.ca.issue(node_name(node), self.server_hosts).write_pkcs12(
             node_dir / "keystore.p12", password
         )
         return security_properties(
@@ -382,11 +390,11 @@ class BrokerSecrets:
             other = CertificateAuthority.create(f"another CA for {name}")
             ca = stem.with_name(stem.name + "-ca.pem")
             ca.write_bytes(other.pem)
-            cert: Certificate = other.issue(name, server_hosts(self.host), expired=expired)
+            cert: Certificate = other.issue(name, self.server_hosts, expired=expired)
         else:
             stem = self.tls_dir / f"{name}{kind}"
             ca = self.ca_path
-            cert = self.ca.issue(name, server_hosts(self.host), expired=expired)
+            cert = self.ca.issue(name, self.server_hosts, expired=expired)
         return cert.write_pem(stem.with_name(stem.name + ".pem"), stem.with_name(stem.name + ".key"), ca)
 
     def user_settings(self, name: str, password: str | None) -> dict[str, str]:
