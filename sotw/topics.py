@@ -2,13 +2,17 @@
 
 Every run writes to topics under a prefix of its own (``run_prefix``: the profile's prefix and a random tag),
 so runs sharing a cluster never read each other's topics and a run's topics can be listed and deleted by
-prefix. ``TopicSettings`` carries the replication factor and ``min.insync.replicas`` a run creates its
+prefix. A job that writes its table to a topic writes to ``output_topic(prefix)`` unless told another: beside the
+run's topics rather than among them, so the run's pattern never feeds the job its own output. ``delete_topics``
+deletes it with the run's, and the internal topics of the run's Kafka Streams application (``streams_apps``).
+``TopicSettings`` carries the replication factor and ``min.insync.replicas`` a run creates its
 topics with; ``check_replication`` refuses a factor the cluster's brokers cannot hold before anything starts.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -20,6 +24,31 @@ from sotw.kafka import KafkaConfig
 def run_prefix(base: str) -> str:
     """A new run's topic prefix: ``base``, six random hex digits and ``-`` (``sotw-sensor-1a2b3c-``)."""
     return f"{base}{secrets.token_hex(3)}-"
+
+
+def output_topic(prefix: str) -> str:
+    """The topic a run's job writes its table to when not told another: ``sotw-sensor-1a2b3c.tables``.
+
+    The prefix without its last separator: the run owns the name, but the run's pattern (``^prefix.*``),
+    which the job subscribes to and the lag is read on, does not match it.
+
+    Raises
+    ------
+    BrokerError
+        For a prefix that does not end with ``-``, ``.`` or ``_``: every name derived from it would match it.
+    """
+    base = prefix.rstrip("-._")
+    if not base or base == prefix:
+        raise BrokerError(
+            f"no output topic can be named after the prefix {prefix!r}, which does not end with '-', '.' or '_': "
+            "name one with --output-topic"
+        )
+    return f"{base}.tables"
+
+
+def _streams_internal(app: str) -> re.Pattern[str]:
+    """The topics Kafka Streams makes for application ``app``: ``<app>-<name>-changelog`` or ``-repartition``."""
+    return re.compile(re.escape(app) + r"-.+-(changelog|repartition)")
 
 
 @dataclass(frozen=True)
@@ -133,8 +162,14 @@ def list_topics(kafka: KafkaConfig, prefix: str, timeout: float = 10.0) -> list[
     return sorted(found, key=lambda t: t.name)
 
 
-def delete_topics(kafka: KafkaConfig, prefix: str, timeout: float = 30.0) -> list[str]:
-    """Delete every topic whose name starts with ``prefix``; return their names.
+def delete_topics(
+    kafka: KafkaConfig, prefix: str, timeout: float = 30.0, streams_apps: Sequence[str] = ()
+) -> list[str]:
+    """Delete a run's topics; return their names.
+
+    They are every topic whose name starts with ``prefix``, the run's ``output_topic`` if there is one, and
+    the internal topics of each Kafka Streams application in ``streams_apps`` (a job's ``application.id``,
+    its lag group): its state stores' changelogs, which a later run of the same application would restore.
 
     Raises
     ------
@@ -144,7 +179,21 @@ def delete_topics(kafka: KafkaConfig, prefix: str, timeout: float = 30.0) -> lis
     from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.admin import AdminClient
 
-    names = [t.name for t in list_topics(kafka, prefix, timeout)]
+    _check_prefix(prefix)
+    internal = [_streams_internal(app) for app in streams_apps]
+    try:
+        extra = {output_topic(prefix)}
+    except BrokerError:
+        extra = set()
+    try:
+        metadata = AdminClient(kafka.client()).list_topics(timeout=timeout)
+    except KafkaException as exc:
+        raise BrokerError(f"could not list the topics of {kafka.bootstrap}: {exc.args[0]}") from None
+    names = sorted(
+        name
+        for name in metadata.topics
+        if name.startswith(prefix) or name in extra or any(p.fullmatch(name) for p in internal)
+    )
     if not names:
         return []
     admin = AdminClient(kafka.client())

@@ -1,4 +1,4 @@
-"""A team's tables as the verifier reads them: the rows of each session from Parquet or Delta, with the commit time of each, and the truth's tables to compare them with."""
+"""A team's tables as the verifier reads them: the rows of each session from Parquet, Delta or a Kafka topic, with the commit time of each, and the truth's tables to compare them with."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import pyarrow.dataset as ds
 
 from loadtest.correctness.delta import FILE_COLUMN, file_times, is_delta_table, read_table
 from loadtest.correctness.outputspec import COMMITTED, DELETED, KEYS, META, ROW_ID, SEQ, OutputSpec
+from loadtest.correctness.topicoutput import RECORD_MS, read_topic_table
 from loadtest.correctness.values import (
     read_truth_rows,
 )
@@ -63,15 +64,22 @@ class TablesOutput:
 
 
 def read_tables(spec: OutputSpec) -> TablesOutput:
-    """Read a tables-contract output (Parquet directory or Delta table) into ``TablesOutput``.
+    """Read a tables-contract output (Parquet directory, Delta table or Kafka topic) into ``TablesOutput``.
 
     Raises
     ------
     HarnessError
-        If the table lacks a key or row id column (the message names the columns it has).
+        If the table lacks a key or row id column (the message names the columns it has), or its topic
+        cannot be read (``loadtest.correctness.topicoutput.read_topic_table``).
     """
     fmt = spec.resolved_format()
-    if fmt == "delta":
+    where = str(spec.path)
+    if fmt == "topic":
+        if spec.topic is None or spec.kafka is None:
+            raise HarnessError("--format topic needs the output topic and the run's cluster")
+        raw = read_topic_table(spec.kafka, spec.topic)
+        where = f"topic {spec.topic}"
+    elif fmt == "delta":
         raw = read_table(spec.path, with_files=True) if is_delta_table(spec.path) else pd.DataFrame()
     else:
         raw = _read_parquet_with_files(spec.path)
@@ -82,7 +90,7 @@ def read_tables(spec: OutputSpec) -> TablesOutput:
     row_id = next((c for c in ROW_ID if c in raw.columns), None)
     if key is None or row_id is None:
         raise HarnessError(
-            f"the table at {spec.path} does not follow the tables contract: it needs a `session` (or `sensor`) "
+            f"the table at {where} does not follow the tables contract: it needs a `session` (or `sensor`) "
             f"column and a `row_id` (or `id`) column, and has {sorted(str(c) for c in raw.columns if c != FILE_COLUMN)}; see "
             "docs/own-pipeline.md"
         )
@@ -115,6 +123,8 @@ def _plain_rows(raw: pd.DataFrame) -> list[dict[str, Any]]:
         row = {str(k): v for k, v in record.items() if not _missing(v)}
         if isinstance(packed, str):
             row.update(json.loads(packed))
+        elif isinstance(packed, dict):  # a topic's JSON value may hold the row as an object
+            row.update(packed)
         out.append(row)
     return out
 
@@ -135,12 +145,14 @@ def _missing(value: Any) -> bool:
 def _commit_source(fmt: str, raw: pd.DataFrame) -> str:
     if COMMITTED in raw.columns:
         return "column"
-    return "delta" if fmt == "delta" else "first_seen"
+    return {"delta": "delta", "topic": "record"}.get(fmt, "first_seen")
 
 
 def _commit_times(spec: OutputSpec, raw: pd.DataFrame, source: str) -> Any:
     if source == "column":
         return raw[COMMITTED].astype("float64").to_numpy()
+    if source == "record":
+        return raw[RECORD_MS].astype("float64").to_numpy()
     if source == "delta":
         times = file_times(spec.path)
     else:

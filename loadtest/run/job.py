@@ -3,8 +3,9 @@
 By default the job is sotw's own pipeline. ``JobSpec`` describes any other: a command template the harness
 starts, stops, kills and restarts (``--pipeline-cmd``) or a job already running (``--attach``); where its
 position is read for lag (its Spark checkpoint, or its consumer group's committed offsets: ``--lag-from``);
-and which output contract and format the verifier reads (``--contract``, ``--format``). ``job_parts`` turns
-it into the process, the probes and the output a run uses (``loadtest.run.driver``).
+and which output contract and format the verifier reads (``--contract``, ``--format``; ``--format topic``:
+a Kafka topic, ``--output-topic``). ``job_parts`` turns it into the process, the probes and the output a run
+uses (``loadtest.run.driver``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from loadtest.correctness.outputspec import FULL_DATASETS, OutputSpec
+from loadtest.correctness.topicoutput import TopicOutputProbe, create_output_topic
 from loadtest.errors import HarnessError
 from loadtest.gameday.incident import Incident
 from loadtest.measure.lag import CheckpointLag, GroupLag, KafkaLagProbe, LagSource
@@ -28,7 +30,9 @@ from loadtest.measure.outputs import (
 from loadtest.measure.samplers import Probe
 from loadtest.run.processes import AttachedPipeline, CommandTemplate, PipelineProcess, PipelineProcessConfig
 from loadtest.run.profile import Profile
+from sotw.errors import SotwError
 from sotw.kafka import KafkaConfig, topic_pattern
+from sotw.topics import output_topic
 
 # Incidents that act on the pipeline process: a job the harness attached to cannot take them.
 _PROCESS_INCIDENTS = frozenset({"pipeline_kill", "pipeline_restart"})
@@ -74,6 +78,9 @@ class JobSpec:
         How the verifier reads its output (``loadtest.correctness.contracts``).
     ignore_columns
         Tables contract: columns of the job's table that are not the rows' (``--ignore-column``).
+    output_topic
+        ``format = "topic"``: the topic the job writes its table to (``--output-topic``); None names it after
+        the run (``sotw.topics.output_topic``), which an attached job cannot be told.
     """
 
     command: str | None = None
@@ -83,9 +90,16 @@ class JobSpec:
     contract: str = "full"
     format: str = "auto"
     ignore_columns: tuple[str, ...] = ()
+    output_topic: str | None = None
 
     def __post_init__(self) -> None:
         OutputSpec(Path("."), self.contract, self.format)  # checks both names
+        if self.output_topic is not None and self.format != "topic":
+            raise HarnessError("--output-topic names the topic of --format topic: pass --format topic too")
+        if self.format == "topic" and self.attach and self.output_topic is None:
+            raise HarnessError("--attach --format topic needs --output-topic: the topic the job writes to")
+        if self.format == "topic" and self.output is not None:
+            raise HarnessError("--format topic reads the job's table from --output-topic, not --output")
         if self.attach and self.command:
             raise HarnessError(
                 "--attach and --pipeline-cmd exclude each other: attach to a running job, or start one"
@@ -107,6 +121,7 @@ class JobSpec:
             "contract": self.contract,
             "format": self.format,
             "ignore_columns": list(self.ignore_columns),
+            "output_topic": self.output_topic,
         }
 
     @classmethod
@@ -120,13 +135,37 @@ class JobSpec:
             contract=data.get("contract", "full"),
             format=data.get("format", "auto"),
             ignore_columns=tuple(data.get("ignore_columns") or ()),
+            output_topic=data.get("output_topic"),
         )
 
     def template(self) -> CommandTemplate | None:
         """The checked command template, if there is one."""
         if self.command is None:
             return None
-        return CommandTemplate(self.command, need_checkpoint=self.lag_from is None)
+        need = "output" if self.format != "topic" else "output_topic" if self.output_topic is None else None
+        return CommandTemplate(self.command, need_checkpoint=self.lag_from is None, need_output=need)
+
+    def topic(self, prefix: str) -> str | None:
+        """The output topic of a ``--format topic`` job in the run of topic prefix ``prefix``; else None.
+
+        Raises
+        ------
+        HarnessError
+            If the topic is one of the run's own (it starts with ``prefix``): the job, subscribed to the run's
+            pattern, would read its own output, and its lag would count it.
+        """
+        if self.format != "topic":
+            return None
+        try:
+            topic = self.output_topic or output_topic(prefix)
+        except SotwError as exc:
+            raise HarnessError(str(exc)) from None
+        if topic.startswith(prefix):
+            raise HarnessError(
+                f"the output topic {topic} starts with the run's prefix {prefix}, so the run's pattern matches it: "
+                "the job would read its own output. Name one outside it"
+            )
+        return topic
 
     def check_policy(self, policy: str) -> None:
         """Refuse, before the load, a strict stop that cannot be judged.
@@ -199,6 +238,7 @@ def job_process(
         prefix=prefix,
         run_dir=run_dir,
         kafka_settings=dict(kafka.settings),
+        output_topic=job.topic(prefix) or "",
     )
     log_path = root / "pipeline.log"
     return AttachedPipeline(config, log_path) if job.attach else PipelineProcess(config, log_path)
@@ -224,6 +264,10 @@ def job_parts(
     ours = job.command is None and not job.attach
     process = running or job_process(job, profile, kafka, root, prefix, extra_args, run_dir)
     config = process.config
+    # A process serving several runs (a Locust session's) writes to the topic it was started with.
+    topic = (config.output_topic or None) if job.format == "topic" else None
+    if topic is not None:
+        create_output_topic(kafka, topic)
     output = OutputSpec(
         config.output,
         job.contract,
@@ -231,6 +275,8 @@ def job_parts(
         seen=root / "output_seen.json",
         ignored=job.ignore_columns,
         topic_prefix=prefix if running is not None or job.attach else None,
+        topic=topic,
+        kafka=kafka if topic is not None else None,
     )
     source: LagSource
     if job.lag_from is None:
@@ -249,11 +295,24 @@ def job_parts(
     return JobParts(process, output, probes)
 
 
+def groups_of(job: JobSpec | None) -> tuple[str, ...]:
+    """The job's own consumer group (``--lag-from group:ID``), if it has one, as a tuple.
+
+    It is a Kafka Streams job's ``application.id``: the run's clean-up deletes the internal topics Streams
+    named after it (``sotw.topics.delete_topics``).
+    """
+    if job is None or job.lag_from is None or job.lag_from.kind != "group":
+        return ()
+    return (job.lag_from.value,)
+
+
 def _output_probe(output: OutputSpec) -> Probe:
-    """Rows written, from sotw's markers, the Delta log, or the Parquet files themselves.
+    """Rows written, from sotw's markers, the Delta log, the Parquet files themselves, or the output topic.
 
     With ``format = "auto"`` the format shows only once the job has written, so both are watched until then.
     """
+    if output.topic is not None and output.kafka is not None:
+        return TopicOutputProbe(output.kafka, output.topic)
     if output.contract == "full":
         delta: Probe = DeltaOutputProbe({name: output.path / name for name in FULL_DATASETS})
         parquet: Probe = OutputProbe(output.path)

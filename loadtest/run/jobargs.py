@@ -55,7 +55,15 @@ def add_job_args(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
         dest="output_format",
         choices=FORMATS,
         default="auto",
-        help="output format (auto: detected)",
+        help="output format (auto: detected); topic: the job writes its table to a Kafka topic "
+        "(tables contract), {output_topic}",
+    )
+    g.add_argument(
+        "--output-topic",
+        default=None,
+        metavar="NAME",
+        help="--format topic: the topic the job writes to (default: named after the run, "
+        "<prefix without its last '-'>.tables, given as {output_topic} and deleted by --cleanup)",
     )
     g.add_argument(
         "--ignore-column",
@@ -84,6 +92,7 @@ def job_from_args(args: argparse.Namespace) -> JobSpec | None:
         and args.contract == "full"
         and args.output_format == "auto"
         and not args.ignore_columns
+        and args.output_topic is None
     ):
         return None
     if args.output is not None and not args.attach:
@@ -98,6 +107,7 @@ def job_from_args(args: argparse.Namespace) -> JobSpec | None:
         contract=args.contract,
         format=args.output_format,
         ignore_columns=tuple(args.ignore_columns),
+        output_topic=args.output_topic,
     )
 
 

@@ -38,6 +38,7 @@ PLACEHOLDERS: dict[str, str] = {
     "pattern": "a regex matching exactly the run's topics (Spark's subscribePattern)",
     "prefix": "the run's topic prefix, for jobs that take a prefix rather than a regex",
     "output": "where the job must write (the harness reads it from there)",
+    "output_topic": "--format topic: the Kafka topic the job must write its table to",
     "checkpoint": "the job's checkpoint directory (the harness reads its lag from there)",
     "run_dir": "the run directory",
     "python": "the Python interpreter running the harness (its Spark has the Kafka connector's and Delta's jars)",
@@ -67,6 +68,9 @@ class CommandTemplate:
         --checkpoint {checkpoint}``.
     need_checkpoint
         Whether ``{checkpoint}`` is required (the harness reads the job's lag from its checkpoint).
+    need_output
+        The placeholder that tells the job where to write: ``output`` (files), ``output_topic`` (a topic
+        named after the run), or None (a topic the user named with ``--output-topic``, written in the template).
 
     Raises
     ------
@@ -78,10 +82,13 @@ class CommandTemplate:
 
     text: str
     need_checkpoint: bool = True
+    need_output: str | None = "output"
 
     def __post_init__(self) -> None:
         used = self.placeholders()
-        missing = [name for name in ("bootstrap", "output") if name not in used]
+        missing = [name for name in ("bootstrap", self.need_output) if name is not None and name not in used]
+        if "bootstrap" in missing and used & {"java_config", "spark_options"}:
+            missing.remove("bootstrap")  # both files hold bootstrap.servers
         if not used & {"pattern", "prefix"}:
             missing.append("pattern")
         if self.need_checkpoint and "checkpoint" not in used:
@@ -154,6 +161,8 @@ class PipelineProcessConfig:
         The cluster's librdkafka settings. They reach the process in files (``sotw.clientfiles``) written
         beside its checkpoint when it starts and deleted when it stops: ``--kafka-config`` for
         ``sotw pipeline``, ``{kafka_config}``, ``{java_config}`` and ``{spark_options}`` for a template.
+    output_topic
+        The topic a ``--format topic`` job writes its table to, for the template's ``{output_topic}``.
     """
 
     bootstrap: str
@@ -166,6 +175,7 @@ class PipelineProcessConfig:
     prefix: str = ""
     run_dir: Path | None = None
     kafka_settings: Mapping[str, str] = field(default_factory=dict)
+    output_topic: str = ""
 
     @property
     def kafka(self) -> KafkaConfig:
@@ -192,6 +202,7 @@ class PipelineProcessConfig:
             "pattern": self.pattern,
             "prefix": self.prefix,
             "output": str(self.output),
+            "output_topic": self.output_topic,
             "checkpoint": str(self.checkpoint),
             "run_dir": str(self.run_dir or self.output.parent),
             "python": sys.executable,

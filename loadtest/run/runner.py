@@ -30,7 +30,7 @@ from loadtest.gameday.incident import BrokerControl, Incident
 from loadtest.measure.samplers import Probe, ThreadCpuProbe
 from loadtest.reports.results import Results
 from loadtest.run.driver import PidsOf, RunDriver, RunSetup
-from loadtest.run.job import JobSpec, job_parts
+from loadtest.run.job import JobSpec, groups_of, job_parts
 from loadtest.run.phases import DRAIN, SETTLE, STEADY, WARMUP, PhaseClock
 from loadtest.run.profile import Profile
 from loadtest.run.stage import BrokerCommands, CommandControl, LocalControl, RunStage, SimulatorControls
@@ -179,7 +179,7 @@ def execute(request: RunRequest, stop: threading.Event | None = None, progress: 
         results = LocalRun(request, kafka, broker_pids, control, clock, stop, progress).run()
         if request.cleanup:
             try:
-                deleted = delete_topics(kafka, prefix)
+                deleted = delete_topics(kafka, prefix, streams_apps=groups_of(request.job))
                 progress(f"cleanup: deleted the run's {len(deleted)} topics ({prefix}*)")
             except SotwError as exc:  # the run is done and reported: say how to finish the clean-up
                 progress(f"cleanup failed ({exc}); later: sotw topics delete --prefix {prefix}")

@@ -12,6 +12,12 @@ commits its offsets, so the harness reads its lag from the group (``--lag-from g
 ``--kafka-config FILE`` (the harness's ``{kafka_config}``) adds the cluster's librdkafka settings (SASL,
 TLS), one ``key=value`` a line, read from the file rather than the command line, where ``ps`` would show them.
 
+``--out-topic NAME`` (the harness's ``{output_topic}``) writes the table to a Kafka topic instead of files, as
+Kafka-native jobs do: every ``--flush-ms``, a record per row changed since the last flush, keyed
+``SESSION/ROW_ID``, the row as JSON, a tombstone for a deleted row; the producer is flushed before the offsets
+are committed (at least once: a row written twice is the same row). It writes no ``committed_ms``: the record's
+timestamp, taken when it is produced, dates the row.
+
 Nothing here imports sotw: it is what the harness is given, not part of it.
 """
 
@@ -27,7 +33,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from confluent_kafka import Consumer, KafkaError, KafkaException
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 
 
 def read_settings(path: Path) -> dict[str, str]:
@@ -45,7 +51,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--bootstrap", required=True)
     p.add_argument("--topics", required=True, help="a topic regex (librdkafka: starts with ^)")
-    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--out", type=Path, default=None, help="a directory for the table's Parquet file")
+    p.add_argument("--out-topic", default=None, help="a Kafka topic for the table, instead of --out")
     p.add_argument("--group", required=True)
     p.add_argument("--mode", choices=("last-write-wins", "highest-seq"), default="last-write-wins")
     p.add_argument("--flush-ms", type=int, default=1000)
@@ -53,12 +60,15 @@ def main() -> None:
         "--kafka-config", type=Path, default=None, help="librdkafka settings file (key=value lines)"
     )
     args = p.parse_args()
+    if (args.out is None) == (args.out_topic is None):
+        p.error("give one of --out and --out-topic")
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
+    settings = read_settings(args.kafka_config) if args.kafka_config else {}
     consumer = Consumer(
         {
             "bootstrap.servers": args.bootstrap,
-            **(read_settings(args.kafka_config) if args.kafka_config else {}),
+            **settings,
             "group.id": args.group,
             "auto.offset.reset": "earliest",
             "enable.auto.commit": False,
@@ -68,7 +78,12 @@ def main() -> None:
     consumer.subscribe([args.topics])
     table: dict[tuple[str, int], dict[str, Any]] = {}
     apply = last_write_wins if args.mode == "last-write-wins" else highest_seq
-    args.out.mkdir(parents=True, exist_ok=True)
+    if args.out_topic is not None:
+        sink: Files | Topic = Topic(
+            Producer({"bootstrap.servers": args.bootstrap, **settings}), args.out_topic
+        )
+    else:
+        sink = Files(args.out)
     next_flush = time.monotonic() + args.flush_ms / 1000
     try:
         while not stop:
@@ -78,11 +93,11 @@ def main() -> None:
                 elif msg.error().code() != KafkaError._PARTITION_EOF:
                     print("kafka error:", msg.error(), flush=True)
             if time.monotonic() >= next_flush:
-                flush(table, args.out)
+                sink.flush(table)
                 commit(consumer)
                 next_flush = time.monotonic() + args.flush_ms / 1000
     finally:
-        flush(table, args.out)
+        sink.flush(table)
         commit(consumer)
         consumer.close()
 
@@ -133,19 +148,46 @@ def highest_seq(table: dict[tuple[str, int], dict[str, Any]], value: bytes | Non
             table[(session, row["id"])] = {"sensor": sensor, "row": row, "seq": seq, "deleted": deleted}
 
 
-def flush(table: dict[tuple[str, int], dict[str, Any]], out: Path) -> None:
-    """The whole table as one Parquet file, replaced atomically: the row's columns, its session and seq."""
-    records = [
-        {"session": session, "sensor": held["sensor"], "row_id": row_id, "seq": held["seq"], **held["row"]}
-        for (session, row_id), held in table.items()
-        if not held["deleted"]
-    ]
-    if not records:
-        return
-    frame = pa.Table.from_pylist(records)
-    tmp = out / ".table.parquet.tmp"
-    pq.write_table(frame, tmp)
-    os.replace(tmp, out / "table.parquet")
+def record(session: str, row_id: int, held: dict[str, Any]) -> dict[str, Any]:
+    """A row of the table: the row's columns, its session, sensor and seq."""
+    return {"session": session, "sensor": held["sensor"], "row_id": row_id, "seq": held["seq"], **held["row"]}
+
+
+class Files:
+    """The whole table as one Parquet file, replaced atomically at each flush."""
+
+    def __init__(self, out: Path) -> None:
+        out.mkdir(parents=True, exist_ok=True)
+        self.out = out
+
+    def flush(self, table: dict[tuple[str, int], dict[str, Any]]) -> None:
+        records = [record(s, i, held) for (s, i), held in table.items() if not held["deleted"]]
+        if not records:
+            return
+        tmp = self.out / ".table.parquet.tmp"
+        pq.write_table(pa.Table.from_pylist(records), tmp)
+        os.replace(tmp, self.out / "table.parquet")
+
+
+class Topic:
+    """The rows changed since the last flush, to a topic keyed by session and row; a tombstone for a delete."""
+
+    def __init__(self, producer: Producer, topic: str) -> None:
+        self.producer = producer
+        self.topic = topic
+        self.written: dict[tuple[str, int], dict[str, Any]] = {}
+
+    def flush(self, table: dict[tuple[str, int], dict[str, Any]]) -> None:
+        for (session, row_id), held in table.items():
+            if self.written.get((session, row_id)) == held:
+                continue
+            value = None if held["deleted"] else json.dumps(record(session, row_id, held))
+            self.producer.produce(self.topic, key=f"{session}/{row_id}", value=value)
+            self.producer.poll(0)
+            self.written[(session, row_id)] = dict(held)
+        # Every row on the broker before the offsets that produced it are committed.
+        if self.producer.flush(30) > 0:
+            raise RuntimeError(f"the output topic {self.topic} did not take the rows within 30 s")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,175 @@
+"""A job's table kept in a Kafka topic, as the verifier reads it and the harness watches it.
+
+Kafka Streams, Flink and most Kafka-native jobs write their output to a topic, not to files: a record per row
+change, keyed by session and row, its value the row as JSON with the columns the tables contract names for files
+(``session``, ``row_id``, the row's columns, ``seq``, ``committed_ms``, ...), a tombstone (null value) for a
+deleted row. ``read_topic_table`` reads it to its end and compacts it as Kafka would, so that
+``loadtest.correctness.tables.read_tables`` hands the same frame as for files to the same verdict rules.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from typing import Any
+
+import pandas as pd
+
+from loadtest.errors import HarnessError
+from sotw.kafka import KafkaConfig
+
+log = logging.getLogger(__name__)
+
+#: The record's timestamp (epoch ms), the commit time of last resort; ``_``: not one of the row's columns.
+RECORD_MS = "_record_ms"
+
+#: How long the verifier waits for the topic's end before it gives up.
+READ_TIMEOUT_S = 120.0
+
+
+def read_topic_table(kafka: KafkaConfig, topic: str, timeout_s: float = READ_TIMEOUT_S) -> pd.DataFrame:
+    """The topic's last value per key, a row per live key: the row's JSON fields and ``RECORD_MS``.
+
+    Read from the beginning of every partition to its end with ``isolation.level=read_committed``, whatever
+    the run's settings say: an exactly-once job's aborted writes are not its table. Compacted per partition
+    and key, as Kafka compacts: a later record replaces an earlier one, a tombstone (null value) deletes it.
+    A key written to two partitions stays twice, so a job that scatters a row's changes shows repeated rows.
+    A record without a key cannot be replaced or deleted and stays as it is.
+
+    Raises
+    ------
+    HarnessError
+        If the topic does not exist, is not read to its end within ``timeout_s``, or holds a value that is not
+        a JSON object (naming its partition and offset).
+    """
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+    consumer = Consumer(
+        kafka.client(
+            **{
+                "group.id": f"sotw-verify-{uuid.uuid4().hex[:12]}",
+                "enable.auto.commit": False,
+                "enable.auto.offset.store": False,
+                "enable.partition.eof": True,
+                "isolation.level": "read_committed",
+            }
+        )
+    )
+    try:
+        metadata = consumer.list_topics(topic, timeout=30)
+        found = metadata.topics.get(topic)
+        if found is None or found.error is not None or not found.partitions:
+            raise HarnessError(
+                f"the output topic {topic} does not exist on {kafka.bootstrap}: the job wrote nothing to it"
+            )
+        partitions = sorted(found.partitions)
+        # Assign, not subscribe: a reader that joins no group cannot rebalance anyone.
+        consumer.assign([TopicPartition(topic, p, -2) for p in partitions])  # -2: the beginning
+        table: dict[tuple[int, Any], tuple[bytes, int]] = {}
+        at_end: set[int] = set()
+        deadline = time.monotonic() + timeout_s
+        while len(at_end) < len(partitions):
+            if time.monotonic() > deadline:
+                raise HarnessError(
+                    f"the output topic {topic} was not read to its end in {timeout_s:g} s "
+                    f"(partitions {sorted(set(partitions) - at_end)} not done): is a transaction still open?"
+                )
+            for msg in consumer.consume(1000, timeout=0.5):
+                error = msg.error()
+                if error is not None:
+                    if error.code() == KafkaError._PARTITION_EOF:
+                        at_end.add(msg.partition())
+                        continue
+                    raise HarnessError(f"reading the output topic {topic}: {error.str()}")
+                key = (msg.partition(), msg.key() if msg.key() is not None else ("offset", msg.offset()))
+                value = msg.value()
+                if value is None:
+                    table.pop(key, None)
+                else:
+                    table[key] = (value, msg.timestamp()[1])
+    finally:
+        consumer.close()
+    return pd.DataFrame.from_records([_record(topic, key, value, ms) for key, (value, ms) in table.items()])
+
+
+def _record(topic: str, key: tuple[int, Any], value: bytes, ms: int) -> dict[str, Any]:
+    try:
+        row = json.loads(value)
+    except ValueError:
+        row = None
+    if not isinstance(row, dict):
+        raise HarnessError(
+            f"a record of the output topic {topic} (partition {key[0]}, key {key[1]!r}) is not a JSON object: "
+            f"{value[:80]!r}; the tables contract wants the row as JSON (docs/own-pipeline.md)"
+        )
+    return {**row, RECORD_MS: ms if ms > 0 else None}
+
+
+def create_output_topic(kafka: KafkaConfig, topic: str, timeout_s: float = 30.0) -> bool:
+    """Create the output topic, compacted as a table's topic is, unless it exists; whether it was made.
+
+    sotw makes it rather than the job, so that a job that never creates its output topic (Kafka Streams
+    creates only its internal ones) runs on a cluster that does not create topics on first write, and so
+    that the run's clean-up knows what it owns. The cluster's default replication is used.
+
+    Raises
+    ------
+    HarnessError
+        If the cluster refuses to create it (an ACL, a bad name).
+    """
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient(kafka.client())
+    new = NewTopic(topic, num_partitions=1, config={"cleanup.policy": "compact"})
+    try:
+        admin.create_topics([new], operation_timeout=timeout_s)[topic].result(timeout_s)
+    except KafkaException as exc:
+        err = exc.args[0]
+        if err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
+            return False
+        raise HarnessError(f"could not create the output topic {topic}: {err.str()}") from None
+    log.info("created the output topic %s", topic)
+    return True
+
+
+class TopicOutputProbe:
+    """Records written to the output topic so far (its end offsets), once a second, as ``written_changes``.
+
+    An exactly-once job's records count when written, not when committed: the figure is the job's activity,
+    the verdict reads only what was committed.
+    """
+
+    def __init__(self, kafka: KafkaConfig, topic: str) -> None:
+        self._kafka = kafka
+        self._topic = topic
+        self._consumer: Any = None
+        self.rows = 0
+
+    def sample(self) -> dict[str, Any]:
+        """The sum of the topic's end offsets (the last figure while the cluster does not answer)."""
+        from confluent_kafka import KafkaException, TopicPartition
+
+        try:
+            if self._consumer is None:
+                self._consumer = self._kafka.consumer(**{"isolation.level": "read_uncommitted"})
+            found = self._consumer.list_topics(self._topic, timeout=2).topics.get(self._topic)
+            if found is not None and found.error is None:
+                total = 0
+                for p in found.partitions:
+                    low, high = self._consumer.get_watermark_offsets(
+                        TopicPartition(self._topic, p), timeout=2, cached=False
+                    )
+                    total += max(0, high - low)
+                self.rows = total
+        except KafkaException as exc:
+            log.debug("output topic %s not sampled: %s", self._topic, exc)
+        return {"written_changes": self.rows}
+
+    def close(self) -> None:
+        """Close the consumer."""
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None

@@ -1,0 +1,84 @@
+"""The Kafka Streams example (examples/kafka-streams/) built by Maven and run under ``sotw run`` on the smoke profile.
+
+It keeps each session's rows in one state store, applies messages in seq order and writes its table to the
+run's output topic with exactly-once v2: the verifier reads that topic (read_committed) and must PASS it. The
+build needs Maven and, the first time, Maven Central; later builds run offline from ``~/.m2`` in 20-25 s on the
+2-core machine (up to 65 s when it is busy), so the build is in ``make test`` and the run in the slow tests.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+from confluent_kafka.admin import AdminClient
+
+from loadtest.reports.results import Results
+from sotw.kafka import KafkaConfig
+from sotw.topics import output_topic
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "kafka-streams"
+JAR = EXAMPLE / "target" / "sotw-streams-job.jar"
+
+pytestmark = [
+    pytest.mark.skipif(shutil.which("mvn") is None, reason="Maven (mvn) is not installed"),
+    pytest.mark.system,  # Maven and a JVM: not for make test-fast
+]
+
+
+@pytest.fixture(scope="module")
+def streams_jar() -> Path:
+    """The example's jar, built by Maven (offline first: a warm ``~/.m2`` needs no network)."""
+    for offline in (["-o"], []):  # online only when ~/.m2 lacks something
+        done = subprocess.run(
+            ["mvn", *offline, "-q", "-B", "-Dstyle.color=never", "package"],
+            cwd=EXAMPLE,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+        if done.returncode == 0:
+            break
+    assert done.returncode == 0 and JAR.is_file(), (done.stdout + done.stderr)[-3000:]
+    return JAR
+
+
+def test_the_example_builds_into_one_runnable_jar_that_names_its_options(streams_jar: Path) -> None:
+    done = subprocess.run(["java", "-jar", str(streams_jar)], capture_output=True, text=True, timeout=120)
+
+    assert done.returncode == 2
+    assert "--config FILE --input-pattern REGEX --output-topic NAME --application-id ID" in done.stderr
+
+
+@pytest.mark.slow  # a Maven build (over 60 s on the 2-core machine) and a JVM job: the nightly job runs it
+def test_the_kafka_streams_job_passes_smoke_writing_its_table_to_a_topic_exactly_once(
+    tmp_path: Path, kafka: KafkaConfig, streams_jar: Path
+) -> None:
+    app = f"team-streams-{uuid.uuid4().hex[:8]}"
+    template = (
+        f"java -jar {streams_jar} --config {{java_config}} --input-pattern {{pattern}} "
+        f"--output-topic {{output_topic}} --application-id {app} --state-dir {{checkpoint}} --instance-id 1"
+    )
+    run_dir = tmp_path / "run"
+    argv = [sys.executable, "-m", "sotw", "run", "--profile", "smoke", "--run-dir", str(run_dir)]
+    argv += ["--bootstrap", kafka.bootstrap, "--pipeline-cmd", template, "--cleanup"]
+    argv += ["--contract", "tables", "--format", "topic", "--lag-from", f"group:{app}"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert (run_dir / "results.json").is_file(), done.stderr[-3000:]
+
+    results = Results.from_json(run_dir / "results.json")
+    assert results.verdict.verdict == "PASS", results.verdict.reasons
+    c = results.correctness
+    assert c is not None and c.output_format == "topic" and c.sessions_exact == c.sessions_judged > 0
+    assert c.latency_source == "the committed_ms column"
+    prefix = re.search(r"the run's topics: (\S+)\*", done.stdout + done.stderr)
+    assert prefix is not None
+    left = set(AdminClient(kafka.client()).list_topics(timeout=10).topics)
+    # --cleanup deleted the output topic and the store's changelog with the run's topics.
+    assert output_topic(prefix.group(1)) not in left and f"{app}-sessions-changelog" not in left
