@@ -39,6 +39,9 @@ from loadtest.planning.measure import drain_once, measure
 from loadtest.run.profile import load_profile
 from sotw.broker.security import SECURITY_MODES
 
+#: Where ``sotw plan measure`` writes its measurements and ``sotw plan`` reads them unless told otherwise.
+MEASUREMENTS = Path("runs/plan/measurements.json")
+
 # ------------------------------------------------------------------------------------------------ the model
 
 
@@ -291,8 +294,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--measurements",
         type=Path,
-        default=Path("runs/plan/measurements.json"),
-        help="sotw plan measure's output (default runs/plan/measurements.json, where it writes by default)",
+        default=MEASUREMENTS,
+        help=f"sotw plan measure's output (default {MEASUREMENTS}, where it writes by default)",
     )
     p.add_argument(
         "--check", type=Path, default=None, help="a `sotw capacity` results.json to check the model against"
@@ -314,8 +317,8 @@ def measure_main(argv: Sequence[str]) -> int:
     p.add_argument(
         "--out",
         type=Path,
-        default=Path("runs/plan/measurements.json"),
-        help="where to write (default runs/plan/measurements.json, where sotw plan reads it)",
+        default=MEASUREMENTS,
+        help=f"where to write (default {MEASUREMENTS}, where sotw plan reads it)",
     )
     p.add_argument(
         "--security",

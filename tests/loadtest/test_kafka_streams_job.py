@@ -8,19 +8,16 @@ build needs Maven and, the first time, Maven Central; later builds run offline f
 
 from __future__ import annotations
 
-import re
 import shutil
 import subprocess
-import sys
 import uuid
 from pathlib import Path
 
 import pytest
-from confluent_kafka.admin import AdminClient
 
-from loadtest.reports.results import Results
 from sotw.kafka import KafkaConfig
 from sotw.topics import output_topic
+from tests.loadtest.topic_runs import run_writing_a_topic
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "kafka-streams"
@@ -65,20 +62,12 @@ def test_the_kafka_streams_job_passes_smoke_writing_its_table_to_a_topic_exactly
         f"java -jar {streams_jar} --config {{java_config}} --input-pattern {{pattern}} "
         f"--output-topic {{output_topic}} --application-id {app} --state-dir {{checkpoint}} --instance-id 1"
     )
-    run_dir = tmp_path / "run"
-    argv = [sys.executable, "-m", "sotw", "run", "--profile", "smoke", "--run-dir", str(run_dir)]
-    argv += ["--bootstrap", kafka.bootstrap, "--pipeline-cmd", template, "--cleanup"]
-    argv += ["--contract", "tables", "--format", "topic", "--lag-from", f"group:{app}"]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=900, cwd=ROOT)
-    assert (run_dir / "results.json").is_file(), done.stderr[-3000:]
+    run = run_writing_a_topic(tmp_path, kafka, template, app)
 
-    results = Results.from_json(run_dir / "results.json")
-    assert results.verdict.verdict == "PASS", results.verdict.reasons
-    c = results.correctness
+    assert run.results.verdict.verdict == "PASS", run.results.verdict.reasons
+    c = run.results.correctness
     assert c is not None and c.output_format == "topic" and c.sessions_exact == c.sessions_judged > 0
     assert c.latency_source == "the committed_ms column"
-    prefix = re.search(r"the run's topics: (\S+)\*", done.stdout + done.stderr)
-    assert prefix is not None
-    left = set(AdminClient(kafka.client()).list_topics(timeout=10).topics)
     # --cleanup deleted the output topic and the store's changelog with the run's topics.
-    assert output_topic(prefix.group(1)) not in left and f"{app}-sessions-changelog" not in left
+    assert output_topic(run.prefix) not in run.topics_left
+    assert f"{app}-sessions-changelog" not in run.topics_left

@@ -8,9 +8,6 @@ confluent-kafka job write its table to the run's output topic.
 from __future__ import annotations
 
 import json
-import re
-import subprocess
-import sys
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -27,11 +24,12 @@ from loadtest.correctness.policies import Policy
 from loadtest.correctness.topicoutput import create_output_topic
 from loadtest.correctness.verify import verify_run
 from loadtest.errors import HarnessError
-from loadtest.reports.results import Correctness, Results
+from loadtest.reports.results import Correctness
 from loadtest.run.job import JobSpec, LagFrom
 from sotw.kafka import KafkaConfig
 from sotw.topics import delete_topics, output_topic
 from tests.loadtest.builders import SessionSpec, ledger_rows, write_run
+from tests.loadtest.topic_runs import run_writing_a_topic
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = Path(__file__).resolve().parent / "jobs" / "plain_kafka_job.py"
@@ -221,19 +219,10 @@ def test_a_plain_consumer_writing_its_table_to_the_run_s_topic_passes_smoke(
         f"{{python}} {JOB} --bootstrap {{bootstrap}} --topics {{pattern}} --out-topic {{output_topic}} "
         f"--group {group} --mode highest-seq --kafka-config {{kafka_config}}"
     )
-    run_dir = tmp_path / "run"
-    argv = [sys.executable, "-m", "sotw", "run", "--profile", "smoke", "--run-dir", str(run_dir)]
-    argv += ["--bootstrap", kafka.bootstrap, "--pipeline-cmd", template, "--cleanup"]
-    argv += ["--contract", "tables", "--format", "topic", "--lag-from", f"group:{group}"]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd=ROOT)
-    assert (run_dir / "results.json").is_file(), done.stderr[-3000:]
+    run = run_writing_a_topic(tmp_path, kafka, template, group)
 
-    results = Results.from_json(run_dir / "results.json")
-    assert results.verdict.verdict == "PASS", results.verdict.reasons
-    c = results.correctness
+    assert run.results.verdict.verdict == "PASS", run.results.verdict.reasons
+    c = run.results.correctness
     assert c is not None and c.output_format == "topic" and c.sessions_exact == c.sessions_judged > 0
     assert c.latency_source == "the output records' timestamps"
-    prefix = re.search(r"the run's topics: (\S+)\*", done.stdout + done.stderr)
-    assert prefix is not None
-    topics = AdminClient(kafka.client()).list_topics(timeout=10).topics
-    assert output_topic(prefix.group(1)) not in topics  # --cleanup deleted it with the run's
+    assert output_topic(run.prefix) not in run.topics_left  # --cleanup deleted it with the run's
