@@ -43,7 +43,13 @@ from loadtest.run.jobargs import add_job_args, add_min_judged, add_source_arg, j
 from loadtest.run.profile import Profile, changed, load_profile, parse_load
 from loadtest.run.runner import RunRequest, execute
 from loadtest.run.stage import BrokerCommands
-from loadtest.run.topicargs import add_security_arg, add_topic_args, security_from_args, topics_from_args
+from loadtest.run.topicargs import (
+    add_netns_arg,
+    add_security_arg,
+    add_topic_args,
+    security_from_args,
+    topics_from_args,
+)
 from sotw.cliargs import add_kafka_args, add_logging_args, cluster_config, setup_logging
 from sotw.kafka import KafkaConfig
 from sotw.topics import TopicSettings
@@ -60,6 +66,7 @@ def _parser(command: str, prog: str | None = None) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog or f"sotw {command}", description=descriptions[command])
     if command == "run":
         p.add_argument("--load", default="1x", help="load factor: 1x, 10x, 2.5x (default 1x)")
+        add_netns_arg(p)
     if command in ("run", "bench"):
         add_security_arg(p)
         add_topic_args(p)
@@ -130,6 +137,7 @@ def _drill_parser() -> argparse.ArgumentParser:
     add_source_arg(p)
     add_min_judged(p)
     add_security_arg(p)
+    add_netns_arg(p)
     add_topic_args(p)
     p.add_argument(
         "--run-dir", type=Path, default=None, help="where to write (default runs/drill-<name>-<time>)"
@@ -206,6 +214,7 @@ def run_drill(
         broker=drill.broker,
         broker_settings=drill.broker_settings,
         security=drill.security,
+        netns=drill.netns,
         broker_commands=commands,
         job=job,
         topics=topics or TopicSettings(),
@@ -241,7 +250,9 @@ def drill_main(rest: Sequence[str]) -> int:
         drill = dataclasses.replace(drill, pipeline={**drill.pipeline, "source": args.source})
     if args.min_judged is not None:
         drill = dataclasses.replace(drill, run={**drill.run, "min_judged": args.min_judged})
-    drill = dataclasses.replace(drill, security=security_from_args(args, drill.security))
+    drill = dataclasses.replace(
+        drill, security=security_from_args(args, drill.security), netns=drill.netns or args.netns
+    )
     kafka: KafkaConfig | None = cluster_config(args)
     commands = BrokerCommands(
         args.broker_stop_cmd, args.broker_start_cmd, args.broker_pause_cmd, args.broker_resume_cmd
@@ -345,6 +356,7 @@ def main(argv: Sequence[str], prog: str | None = None) -> int:
             security=security_from_args(args),
             topics=topics_from_args(args),
             cleanup=args.cleanup,
+            netns=args.netns,
         )
         result = execute(request, stop, _say)
         return _finish([result], root, "report")

@@ -114,7 +114,7 @@ def _run_partitions(cluster: ClusterControl, stage: Stage) -> list[PartitionStat
     return [p for p in cluster.partitions() if p.topic.startswith(stage.topic_prefix)]
 
 
-def _choose(cluster: ClusterControl, stage: Stage, node: int | str) -> tuple[int, int]:
+def choose_node(cluster: ClusterControl, stage: Stage, node: int | str) -> tuple[int, int]:
     """The node to act on (``busiest``: the one leading the most of the run's partitions) and how many it leads."""
     counts = Counter(p.leader for p in _run_partitions(cluster, stage) if p.leader >= 0)
     chosen = max(sorted(cluster.node_ids), key=lambda n: counts[n]) if node == "busiest" else int(node)
@@ -123,7 +123,7 @@ def _choose(cluster: ClusterControl, stage: Stage, node: int | str) -> tuple[int
     return chosen, counts[chosen]
 
 
-def _wait(check: Callable[[], bool], timeout_s: float, poll_s: float = 0.2) -> float:
+def wait_for(check: Callable[[], bool], timeout_s: float, poll_s: float = 0.2) -> float:
     """Seconds until ``check()`` held (NaN if it did not within ``timeout_s``; an error counts as not yet)."""
     started = time.monotonic()
     while True:
@@ -137,7 +137,7 @@ def _wait(check: Callable[[], bool], timeout_s: float, poll_s: float = 0.2) -> f
         time.sleep(poll_s)
 
 
-def _served_without(cluster: ClusterControl, stage: Stage, gone: int) -> bool:
+def served_without(cluster: ClusterControl, stage: Stage, gone: int) -> bool:
     """Every partition of the run has a leader, and none is ``gone``."""
     return all(p.leader >= 0 and p.leader != gone for p in _run_partitions(cluster, stage))
 
@@ -151,7 +151,7 @@ def _start_again(cluster: ClusterControl, node: int) -> Step:
     cluster.start_node(node)
     registered_ms = now_ms()
     rejoined = time.monotonic() - started
-    replicated = rejoined + _wait(lambda: cluster.under_replicated() == 0, REPLICATED_TIMEOUT_S)
+    replicated = rejoined + wait_for(lambda: cluster.under_replicated() == 0, REPLICATED_TIMEOUT_S)
     caught_up = (
         f"every partition in sync again {replicated:.1f} s after its start"
         if math.isfinite(replicated)
@@ -220,9 +220,9 @@ class BrokerNodeKill(NodeOutage):
     def begin(self, stage: Stage) -> Step:
         """Kill the node and wait until its partitions are led by the others."""
         cluster = _cluster(stage, self.kind)
-        node, led = _choose(cluster, stage, self.node)
+        node, led = choose_node(cluster, stage, self.node)
         cluster.stop_node(node, kill=True)
-        moved = _wait(lambda: _served_without(cluster, stage, node), self.restart_after_s)
+        moved = wait_for(lambda: served_without(cluster, stage, node), self.restart_after_s)
         return Step(
             f"node {node} killed (SIGKILL; it led {led} of the run's partitions); "
             + (
@@ -260,13 +260,13 @@ class BrokerNodeRestart(NodeIncident):
     def begin(self, stage: Stage) -> Step:
         """Wait for a healthy cluster, stop the node gracefully, start it again; measure each step."""
         cluster = _cluster(stage, self.kind)
-        waited = _wait(lambda: cluster.under_replicated() == 0, self.settle_s)
+        waited = wait_for(lambda: cluster.under_replicated() == 0, self.settle_s)
         if not math.isfinite(waited):
             raise HarnessError(
                 f"broker_node_restart: partitions were still under-replicated after {self.settle_s:g} s; "
                 "a node was not stopped (it could take a partition below min.insync.replicas)"
             )
-        node, led = _choose(cluster, stage, self.node)
+        node, led = choose_node(cluster, stage, self.node)
         began = time.monotonic()
         cluster.stop_node(node, kill=False)
         stopped = time.monotonic() - began
@@ -315,7 +315,7 @@ class UncleanElection(NodeOutage):
         """Freeze the follower, let it fall behind, kill the leader, thaw the follower; wait for the election."""
         cluster = _cluster(stage, self.kind)
         began = time.monotonic()
-        leader, led = _choose(cluster, stage, "busiest")
+        leader, led = choose_node(cluster, stage, "busiest")
         mine = [p for p in _run_partitions(cluster, stage) if p.leader == leader]
         followers = Counter(r for p in mine for r in p.replicas if r != leader)
         at_risk = [p for p in mine if len(p.replicas) == 2]
@@ -339,11 +339,11 @@ class UncleanElection(NodeOutage):
         # Fencing the frozen node takes the controller its session timeout and more on a busy machine: wait for
         # it past lag_s if need be, then let the leader acknowledge alone a while, as what it takes then is what
         # the election loses.
-        out_of_sync = _wait(shrunk, self.lag_s + SHRINK_TIMEOUT_S)
+        out_of_sync = wait_for(shrunk, self.lag_s + SHRINK_TIMEOUT_S)
         time.sleep(max(ALONE_S, self.lag_s - (time.monotonic() - began)))
         cluster.stop_node(leader, kill=True)
         cluster.resume_nodes()
-        elected = _wait(lambda: _served_without(cluster, stage, leader), max(60.0, self.restart_after_s))
+        elected = wait_for(lambda: served_without(cluster, stage, leader), max(60.0, self.restart_after_s))
         return Step(
             f"node {follower} frozen {self.lag_s:g} s (out of the ISR of the {len(exposed)} partitions it alone "
             f"followed for node {leader} after {out_of_sync:.1f} s), then node {leader} killed and node "

@@ -9,6 +9,7 @@ A drill file is TOML::
     broker = "kafka"                  # the local broker: kafka (one node, default) or kafka-3
     broker_settings = { "min.insync.replicas" = 1 }   # server.properties of its nodes (optional)
     security = "sasl_ssl"             # the local broker's security (optional; plaintext by default)
+    netns = true                      # nodes and pipeline on a network of hosts, for network incidents (optional)
     simulator = { faults = {} }       # changes to the profile's fleet and faults (optional)
     pipeline = { trigger = "1s" }     # changes to its pipeline settings (optional)
     run = { steady_s = 90 }           # changes to its phases (optional)
@@ -187,7 +188,7 @@ EXPECTATIONS: dict[str, tuple[str, Callable[[DrillOutcome, Any], list[DrillCheck
         _flag("data_loss_recorded", lambda o: o.data_loss_reports > 0),
     ),
     "leaders_moved_s": (
-        "seconds from a node's kill until the others lead all of the run's partitions, at most",
+        "seconds from a node's kill (or its cut-off) until the others lead all of the run's partitions, at most",
         _figure("leaders_moved_s", " s"),
     ),
     "elected_s": (
@@ -199,7 +200,7 @@ EXPECTATIONS: dict[str, tuple[str, Callable[[DrillOutcome, Any], list[DrillCheck
         _figure("rejoined_s", " s"),
     ),
     "replicated_s": (
-        "seconds from a node's start until no partition is under-replicated, at most",
+        "seconds from a node's start (or a partition's heal) until no partition is under-replicated, at most",
         _figure("replicated_s", " s"),
     ),
     "broker_lost": (
@@ -226,6 +227,7 @@ class Drill:
     broker: str = "kafka"
     broker_settings: Mapping[str, str] = field(default_factory=dict)
     security: str = "plaintext"
+    netns: bool = False
     simulator: Mapping[str, Any] = field(default_factory=dict)
     pipeline: Mapping[str, Any] = field(default_factory=dict)
     run: Mapping[str, Any] = field(default_factory=dict)
@@ -278,6 +280,7 @@ def drill_from_mapping(name: str, doc: Mapping[str, Any], path: Path | None = No
         "broker",
         "broker_settings",
         "security",
+        "netns",
         "simulator",
         "pipeline",
         "run",
@@ -305,6 +308,7 @@ def drill_from_mapping(name: str, doc: Mapping[str, Any], path: Path | None = No
         broker=str(head.get("broker", "kafka")),
         broker_settings=_broker_settings(head.get("broker_settings", {}), where),
         security=str(head.get("security", "plaintext")),
+        netns=_boolean(head.get("netns", False), f"{where}: netns"),
         simulator=dict(head.get("simulator", {})),
         pipeline=dict(head.get("pipeline", {})),
         run=dict(head.get("run", {})),
@@ -312,6 +316,12 @@ def drill_from_mapping(name: str, doc: Mapping[str, Any], path: Path | None = No
         expect=dict(doc.get("expect", {})),
         path=path,
     )
+
+
+def _boolean(value: Any, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise HarnessError(f"{where} must be true or false, got {value!r}")
+    return value
 
 
 def _broker_settings(table: Any, where: str) -> dict[str, str]:

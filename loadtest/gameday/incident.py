@@ -11,6 +11,7 @@ from typing import Any, ClassVar, Protocol
 from loadtest.errors import HarnessError
 from simulator.config import FaultConfig
 from sotw.broker import PartitionState
+from sotw.network import Network
 
 
 class ClusterControl(Protocol):
@@ -52,6 +53,10 @@ class BrokerControl(Protocol):
     @property
     def cluster(self) -> ClusterControl | None:
         """Control of single nodes, for a broker of several; None for one node or a broker given by commands."""
+
+    @property
+    def network(self) -> Network | None:
+        """The network whose hosts the nodes and the pipeline are (``--netns``); None otherwise."""
 
     def pause(self) -> None:
         """Freeze the broker (it stops answering, connections stay open)."""

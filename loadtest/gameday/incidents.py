@@ -29,6 +29,7 @@ from loadtest.gameday.broker_incidents import (
 )
 from loadtest.gameday.incident import Incident, Stage, Step
 from loadtest.gameday.load_incidents import Faults, Load, SensorStorm
+from loadtest.gameday.network_incidents import FlakyLink, LinkCap, Partition
 from loadtest.gameday.pipeline_incidents import (
     CheckpointStall,
     CpuHog,
@@ -58,6 +59,9 @@ KINDS: dict[str, type[Incident]] = {
         CheckpointStall,
         CpuHog,
         WorkerKill,
+        Partition,
+        FlakyLink,
+        LinkCap,
     )
 }
 

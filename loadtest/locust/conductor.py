@@ -622,4 +622,8 @@ INCIDENT_DEFAULTS: dict[str, dict[str, Any]] = {
     "broker_restart": {"downtime_s": 5.0},
     "cpu_hog": {"duration_s": 20.0, "cores": 1},
     "checkpoint_stall": {"duration_s": 10.0},
+    # On a session started with --netns (loadtest.gameday.network_incidents):
+    "partition": {"side_a": "pipeline", "side_b": "brokers", "duration_s": 30.0},
+    "flaky_link": {"percent": 5, "hosts": "all", "duration_s": 30.0},
+    "link_cap": {"host": "pipeline", "rate": "1mbit", "duration_s": 30.0},
 }

@@ -103,6 +103,9 @@ class LiveConfig:
     security
         The local broker's security (``sotw.broker.SECURITY_MODES``); its admin's settings reach every client
         of this process. Refused with ``bootstrap``.
+    netns
+        The local broker's nodes and the pipeline each in a network namespace (``loadtest.run.hostnet``), for
+        the panel's network incidents. Refused with ``bootstrap``.
     job
         The job under test when it is not sotw's pipeline, or how its output is read, as ``sotw run`` takes it
         (``--pipeline-cmd``, ``--attach``, ``--contract``, ...; ``loadtest.run.job.JobSpec``): a team's
@@ -130,6 +133,7 @@ class LiveConfig:
     kafka_settings: Mapping[str, str] = field(default_factory=dict)
     broker: str = "kafka"
     security: str = "plaintext"
+    netns: bool = False
     job: JobSpec | None = None
     pipeline: bool = True
     tag: str = ""

@@ -53,10 +53,12 @@ from loadtest.locust.commands import (
 from loadtest.locust.fleetplan import LiveConfig
 from loadtest.locust.lines import Events, commands
 from loadtest.locust.liverun import LocustRun
+from loadtest.run.hostnet import pipeline_command, run_network
 from loadtest.run.job import job_process
 from loadtest.run.processes import AttachedPipeline, PipelineProcess
 from loadtest.run.stage import LocalControl
 from sotw.broker import LocalBroker, local_broker
+from sotw.broker.local import BROKER_NODES
 from sotw.errors import SotwError
 from sotw.kafka import KafkaConfig
 from sotw.preflight import preflight
@@ -89,6 +91,7 @@ class Session:
         self.run: LocustRun | None = None
         self.finisher: threading.Thread | None = None
         self._runs = 0
+        self.where: tuple[str, ...] = ()
 
     @property
     def kafka(self) -> KafkaConfig:
@@ -103,6 +106,10 @@ class Session:
         if config.bootstrap is not None:
             if config.security != "plaintext":
                 raise HarnessError("--security is for the local broker: give a cluster's with --kafka-config")
+            if config.netns:
+                raise HarnessError(
+                    "--netns puts the local broker's nodes on a network: it cannot take --bootstrap"
+                )
             self._kafka = KafkaConfig(config.bootstrap, dict(config.kafka_settings))
             # The same pre-flight as ``sotw run``: bad credentials or a missing ACL stop here, before a run.
             lag_from = config.job.lag_from if config.job is not None else None
@@ -110,8 +117,15 @@ class Session:
             self.events.send("starting", what=f"the pre-flight check of {config.bootstrap}")
             preflight(self._kafka, self.prefix, groups)
         else:
+            network = None
+            if config.netns:
+                network = run_network(BROKER_NODES[config.broker])
+                self.stack.callback(network.close)
+                self.where = pipeline_command(network)
             self.broker = self.stack.enter_context(
-                local_broker(config.broker, log_path=self.dir / "broker.log", security=config.security)
+                local_broker(
+                    config.broker, log_path=self.dir / "broker.log", security=config.security, network=network
+                )
             )
             self.control = LocalControl(self.broker)
             admin = self.broker.kafka_config().settings
@@ -122,7 +136,9 @@ class Session:
         if job is not None and job.attach:
             self.pipeline = job_process(job, profile, self.kafka, root, self.prefix, ())
         elif config.pipeline and (job is None or job.command is None):
-            self.pipeline = job_process(job, profile, self.kafka, root, self.prefix, ("-q",), self.dir)
+            self.pipeline = job_process(
+                job, profile, self.kafka, root, self.prefix, ("-q",), self.dir, self.where
+            )
             self.events.send("starting", what=f"the pipeline ({profile.pipeline.policy} policy)")
             self.pipeline.start()
             self.pipeline.wait_ready(profile.run.pipeline_start_timeout_s)

@@ -60,6 +60,8 @@ class Session(Protocol):
     control: LocalControl | None
     #: A process that serves every run of the session (sotw's own pipeline, or a job attached to), if any.
     pipeline: PipelineProcess | None
+    #: The prefix that starts a job in the pipeline's namespace (``--netns``), else empty.
+    where: tuple[str, ...]
 
     @property
     def kafka(self) -> KafkaConfig:
@@ -77,7 +79,7 @@ def run_job(session: Session, run_dir: Path, prefix: str) -> tuple[JobParts | No
     if session.pipeline is not None:
         return job_parts(spec, session.profile, session.kafka, run_dir, prefix, (), session.pipeline), False
     if spec is not None and spec.command is not None:
-        return job_parts(spec, session.profile, session.kafka, run_dir, prefix, ()), True
+        return job_parts(spec, session.profile, session.kafka, run_dir, prefix, (), where=session.where), True
     return None, False
 
 

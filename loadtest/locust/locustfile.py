@@ -176,6 +176,13 @@ def add_options(parser: Any) -> None:
         help="sotw: the local broker's security (docs/broker.md); its admin's settings reach every client",
     )
     option(
+        "--netns",
+        action="store_true",
+        default=False,
+        help="sotw: each node of the local broker and the pipeline in a network namespace, for the network "
+        "incidents (partition, flaky_link, link_cap); needs root and nftables",
+    )
+    option(
         "--run-dir",
         metavar="DIR",
         default=None,
@@ -249,6 +256,7 @@ def settings_from(options: Any) -> LocustSettings:
         kafka_settings=settings,
         broker=options.broker,
         security=options.security,
+        netns=options.netns,
         job=job,
         pipeline=not options.no_pipeline,
         tag=secrets.token_hex(3),

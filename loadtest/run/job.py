@@ -219,10 +219,12 @@ def job_process(
     prefix: str,
     extra_args: tuple[str, ...],
     run_dir: Path | None = None,
+    where: tuple[str, ...] = (),
 ) -> PipelineProcess:
     """The job's process, writing its output, checkpoint and log under ``root`` (not started).
 
-    ``sotw pipeline`` (None, or a spec without a command), a template's command, or a job already running.
+    ``sotw pipeline`` (None, or a spec without a command), a template's command, or a job already running;
+    ``where`` is the command prefix that starts it in another network namespace (``loadtest.run.hostnet``).
     """
     job = job or JobSpec()
     if job.command is None and not job.attach and job.format == "delta":
@@ -239,6 +241,7 @@ def job_process(
         run_dir=run_dir,
         kafka_settings=dict(kafka.settings),
         output_topic=job.topic(prefix) or "",
+        where=where,
     )
     log_path = root / "pipeline.log"
     return AttachedPipeline(config, log_path) if job.attach else PipelineProcess(config, log_path)
@@ -252,6 +255,7 @@ def job_parts(
     prefix: str,
     extra_args: tuple[str, ...],
     running: PipelineProcess | None = None,
+    where: tuple[str, ...] = (),
 ) -> JobParts:
     """The process, output and probes for one run of ``job`` (None: ``sotw pipeline``).
 
@@ -262,7 +266,7 @@ def job_parts(
     job = job or JobSpec()
     root = run_dir / "pipeline"
     ours = job.command is None and not job.attach
-    process = running or job_process(job, profile, kafka, root, prefix, extra_args, run_dir)
+    process = running or job_process(job, profile, kafka, root, prefix, extra_args, run_dir, where)
     config = process.config
     # A process serving several runs (a Locust session's) writes to the topic it was started with.
     topic = (config.output_topic or None) if job.format == "topic" else None

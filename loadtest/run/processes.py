@@ -163,6 +163,9 @@ class PipelineProcessConfig:
         ``sotw pipeline``, ``{kafka_config}``, ``{java_config}`` and ``{spark_options}`` for a template.
     output_topic
         The topic a ``--format topic`` job writes its table to, for the template's ``{output_topic}``.
+    where
+        The command prefix that starts the process where it runs (``ip netns exec ...`` for a run on a
+        network of hosts, ``loadtest.run.hostnet``); empty: here.
     """
 
     bootstrap: str
@@ -176,6 +179,7 @@ class PipelineProcessConfig:
     run_dir: Path | None = None
     kafka_settings: Mapping[str, str] = field(default_factory=dict)
     output_topic: str = ""
+    where: tuple[str, ...] = ()
 
     @property
     def kafka(self) -> KafkaConfig:
@@ -226,7 +230,10 @@ class PipelineProcessConfig:
             raise HarnessError(f"--pipeline-cmd uses {{jars}}: {exc}") from None
 
     def argv(self) -> list[str]:
-        """The command line."""
+        """The command line, started where the process runs."""
+        return [*self.where, *self._command()]
+
+    def _command(self) -> list[str]:
         if self.template is not None:
             return self.template.argv(self.placeholder_values())
         return [

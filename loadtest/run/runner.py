@@ -27,15 +27,18 @@ from typing import Any
 
 from loadtest.errors import HarnessError
 from loadtest.gameday.incident import BrokerControl, Incident
+from loadtest.gameday.network_incidents import NetworkIncident
 from loadtest.measure.samplers import Probe, ThreadCpuProbe
 from loadtest.reports.results import Results
 from loadtest.run.driver import PidsOf, RunDriver, RunSetup
+from loadtest.run.hostnet import pipeline_command, run_network
 from loadtest.run.job import JobSpec, groups_of, job_parts
 from loadtest.run.phases import DRAIN, SETTLE, STEADY, WARMUP, PhaseClock
 from loadtest.run.profile import Profile
 from loadtest.run.stage import BrokerCommands, CommandControl, LocalControl, RunStage, SimulatorControls
 from simulator.producer import Simulator
 from sotw.broker import local_broker
+from sotw.broker.local import BROKER_NODES
 from sotw.errors import SotwError
 from sotw.kafka import KafkaConfig
 from sotw.preflight import preflight
@@ -83,6 +86,9 @@ class RunRequest:
         Delete the run's topics once it has been verified.
     topic_prefix
         The run's topic prefix; None: the profile's prefix and a random tag (``sotw.topics.run_prefix``).
+    netns
+        Each node of the local broker and the pipeline in a network namespace of its own, for the network
+        incidents (``loadtest.run.hostnet``); needs root and nftables.
     """
 
     profile: Profile
@@ -100,6 +106,7 @@ class RunRequest:
     topics: TopicSettings = field(default_factory=TopicSettings)
     cleanup: bool = False
     topic_prefix: str | None = None
+    netns: bool = False
 
     @property
     def all_incidents(self) -> tuple[Incident, ...]:
@@ -134,6 +141,19 @@ def execute(request: RunRequest, stop: threading.Event | None = None, progress: 
     run_dir = request.run_dir
     if run_dir.exists() and any(run_dir.iterdir()):
         raise HarnessError(f"run directory {run_dir} is not empty; choose a new one")
+    if request.netns and request.kafka is not None:
+        raise HarnessError(
+            "--netns puts the local broker's nodes and the pipeline on a network of their own: it cannot "
+            "take a cluster given with --bootstrap"
+        )
+    needs_network = sorted({i.kind for i in request.all_incidents if isinstance(i, NetworkIncident)})
+    if needs_network and not request.netns:
+        raise HarnessError(
+            f"incident {needs_network[0]} needs the run on a network of hosts: netns = true in the drill file, "
+            "or --netns"
+        )
+    if request.netns and request.job is not None and request.job.attach:
+        raise HarnessError("--netns starts the pipeline in a namespace of its own: it cannot take --attach")
     if request.job is not None:
         request.job.check_incidents(request.all_incidents)
         request.job.check_policy(request.profile.pipeline.policy)
@@ -159,13 +179,25 @@ def execute(request: RunRequest, stop: threading.Event | None = None, progress: 
     clock = PhaseClock(started_ms=int(time.time() * 1000))
     with contextlib.ExitStack() as stack:
         control: BrokerControl | None
+        where: tuple[str, ...] = ()
         if request.kafka is None:
+            network = None
+            if request.netns:
+                network = run_network(BROKER_NODES[request.broker])
+                stack.callback(network.close)
+                where = pipeline_command(network)
+                progress(
+                    "network: "
+                    + ", ".join(f"{name} {host.address}" for name, host in network.hosts.items())
+                    + f"; the harness and the simulator at {network.gateway}"
+                )
             progress(f"starting the local broker ({request.broker})")
             broker = local_broker(
                 request.broker,
                 log_path=run_dir / "broker.log",
                 overrides=request.broker_settings,
                 security=request.security,
+                network=network,
             )
             stack.enter_context(broker)
             check_replication(request.topics, len(broker.node_ids), f"the local broker {request.broker!r}")
@@ -176,7 +208,7 @@ def execute(request: RunRequest, stop: threading.Event | None = None, progress: 
             kafka = request.kafka
             broker_pids = lambda: None  # noqa: E731 - a remote broker's CPU is not ours to measure
             control = CommandControl(request.broker_commands) if request.broker_commands else None
-        results = LocalRun(request, kafka, broker_pids, control, clock, stop, progress).run()
+        results = LocalRun(request, kafka, broker_pids, control, clock, stop, progress, where).run()
         if request.cleanup:
             try:
                 deleted = delete_topics(kafka, prefix, streams_apps=groups_of(request.job))
@@ -202,6 +234,7 @@ class LocalRun(RunDriver):
         clock: PhaseClock,
         stop: threading.Event,
         progress: Progress,
+        where: tuple[str, ...] = (),
     ) -> None:
         profile, run_dir = request.profile, request.run_dir
         # A run-specific topic prefix: runs sharing a cluster (bench, capacity, --bootstrap) never read each
@@ -223,7 +256,9 @@ class LocalRun(RunDriver):
             run_dir,
         )
         self.sim_stop = threading.Event()
-        job = job_parts(request.job, profile, kafka, run_dir, prefix, ("-q", *request.pipeline_args))
+        job = job_parts(
+            request.job, profile, kafka, run_dir, prefix, ("-q", *request.pipeline_args), where=where
+        )
         setup = RunSetup(
             profile,
             run_dir,

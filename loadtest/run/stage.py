@@ -27,6 +27,7 @@ from loadtest.run.profile import PipelineSettings, Profile
 from simulator.config import FaultConfig
 from sotw.broker import LocalBroker, PartitionState
 from sotw.errors import SotwError
+from sotw.network import Network
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +45,11 @@ class LocalControl:
     def cluster(self) -> ClusterControl | None:
         """Itself when the broker has several nodes."""
         return self if len(self.broker.node_ids) > 1 else None
+
+    @property
+    def network(self) -> Network | None:
+        """The network the nodes (and the pipeline) are hosts of, for a run with ``--netns``."""
+        return self.broker.network
 
     @property
     def node_ids(self) -> list[int]:
@@ -126,6 +132,11 @@ class CommandControl:
     @property
     def cluster(self) -> ClusterControl | None:
         """None: single nodes of a cluster given by commands are out of reach."""
+        return None
+
+    @property
+    def network(self) -> Network | None:
+        """None: a cluster given by commands is on a network sotw does not own."""
         return None
 
     def _run(self, which: str) -> None:

@@ -24,6 +24,16 @@ def add_security_arg(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> No
     )
 
 
+def add_netns_arg(p: argparse.ArgumentParser) -> None:
+    """``--netns``: the local broker's nodes and the pipeline each in a network namespace (network incidents)."""
+    p.add_argument(
+        "--netns",
+        action="store_true",
+        help="put each node of the local broker and the pipeline in a network namespace of its own, for the "
+        "network incidents (partition, flaky_link, link_cap); needs root and nftables (docs/gamedays.md)",
+    )
+
+
 def add_topic_args(p: argparse.ArgumentParser) -> None:
     """``--replication-factor``, ``--min-insync-replicas`` and ``--cleanup``: the topics a run owns."""
     g = p.add_argument_group("the run's topics (docs/own-cluster.md)")

@@ -18,10 +18,11 @@ from sotw.outage import Outage
 if TYPE_CHECKING:
     from sotw.broker.kafka import PartitionState
     from sotw.kafka import KafkaConfig
+    from sotw.network import Network
 
 #: The local brokers by name (the default first) and their node counts.
 BROKERS = ("kafka", "kafka-3")
-_NODES = {"kafka": 1, "kafka-3": 3}
+BROKER_NODES = {"kafka": 1, "kafka-3": 3}
 
 #: Names older versions took (the embedded Tansu broker's storages), and what to say instead.
 _GONE = {
@@ -52,6 +53,10 @@ class LocalBroker(Protocol):
     @property
     def node_ids(self) -> list[int]:
         """The nodes' ids (``[1]`` for one node)."""
+
+    @property
+    def network(self) -> Network | None:
+        """The network whose hosts ``n1``... the nodes are (None on loopback)."""
 
     @property
     def down_nodes(self) -> list[int]:
@@ -120,6 +125,7 @@ def local_broker(
     overrides: Mapping[str, str] | None = None,
     security: str = "plaintext",
     netns: bool = False,
+    network: Network | None = None,
 ) -> LocalBroker:
     """The broker ``name`` (not started yet: use it as a context manager, or call ``start``).
 
@@ -140,14 +146,18 @@ def local_broker(
         Each node in a network namespace of its own (``KafkaBroker.network``, hosts ``n1``...), for faults
         between nodes; needs root, iproute2 and nftables, and ``start`` raises ``NetworkError`` naming what
         is missing. Not with ``proxied``.
+    network
+        A started network holding hosts ``n1``...``nN`` to put the nodes in (implies ``netns``), left open
+        when the broker stops: a run's network, whose other hosts (the pipeline's) share the nodes' bridge.
     """
     from sotw.broker.kafka import KafkaBroker
 
     return KafkaBroker(
-        nodes=_NODES[check_broker(name)],
+        nodes=BROKER_NODES[check_broker(name)],
         log_path=log_path,
         proxied=proxied,
         overrides=dict(overrides or {}),
         security=security,
         netns=netns,
+        network=network,
     )

@@ -18,6 +18,11 @@ Kafka-native jobs do: every ``--flush-ms``, a record per row changed since the l
 are committed (at least once: a row written twice is the same row). It writes no ``committed_ms``: the record's
 timestamp, taken when it is produced, dates the row.
 
+``--skip-to-latest-after-s N`` plants a bug only a network fault shows: once the consumer has read nothing for
+``N`` seconds it takes the silence for a broken fetch and goes on from each partition's latest offset, as code
+that "keeps up" after an error does. Under steady load nothing is skipped; after a partition, whatever was
+produced while the job was cut off is.
+
 Nothing here imports sotw: it is what the harness is given, not part of it.
 """
 
@@ -33,7 +38,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 
 def read_settings(path: Path) -> dict[str, str]:
@@ -56,6 +61,7 @@ def main() -> None:
     p.add_argument("--group", required=True)
     p.add_argument("--mode", choices=("last-write-wins", "highest-seq"), default="last-write-wins")
     p.add_argument("--flush-ms", type=int, default=1000)
+    p.add_argument("--skip-to-latest-after-s", type=float, default=None, help="a planted bug (see above)")
     p.add_argument(
         "--kafka-config", type=Path, default=None, help="librdkafka settings file (key=value lines)"
     )
@@ -85,13 +91,18 @@ def main() -> None:
     else:
         sink = Files(args.out)
     next_flush = time.monotonic() + args.flush_ms / 1000
+    last_read = time.monotonic()
     try:
         while not stop:
             for msg in consumer.consume(500, timeout=0.2):
                 if msg.error() is None:
                     apply(table, msg.value())
+                    last_read = time.monotonic()
                 elif msg.error().code() != KafkaError._PARTITION_EOF:
                     print("kafka error:", msg.error(), flush=True)
+            quiet = args.skip_to_latest_after_s
+            if quiet is not None and time.monotonic() - last_read > quiet and skip_to_latest(consumer):
+                last_read = time.monotonic()
             if time.monotonic() >= next_flush:
                 sink.flush(table)
                 commit(consumer)
@@ -100,6 +111,17 @@ def main() -> None:
         sink.flush(table)
         commit(consumer)
         consumer.close()
+
+
+def skip_to_latest(consumer: Consumer) -> bool:
+    """The planted bug: every assigned partition goes on from its latest offset (False if the broker did not say)."""
+    try:
+        for tp in consumer.assignment():
+            _, high = consumer.get_watermark_offsets(tp, timeout=1.0)
+            consumer.seek(TopicPartition(tp.topic, tp.partition, high))
+    except KafkaException:
+        return False
+    return True
 
 
 def commit(consumer: Consumer) -> None:

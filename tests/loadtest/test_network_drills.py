@@ -1,0 +1,188 @@
+"""Network drills: partitions, flaky and capped links between the broker's nodes, the pipeline and the simulator.
+
+The incidents' parameters are checked without a network. The runs are short forms of the shipped drills on the
+``smoke`` profile, each node and the pipeline in a namespace of their own (``--netns``); they need root and
+nftables, skip saying which is missing, and are marked slow (`make test-slow`). ``make test`` keeps one cut
+and heal seen by a real Kafka client (tests/test_broker_netns.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import pytest
+
+from loadtest.cli import run_drill
+from loadtest.errors import HarnessError
+from loadtest.gameday.drills import load_drill
+from loadtest.run.job import JobSpec, LagFrom
+from sotw.network import missing
+from tests.loadtest.test_drills import drill, passed
+
+MISSING = missing()
+needs_network = pytest.mark.skipif(
+    bool(MISSING), reason="a network of namespaces needs " + "; ".join(MISSING)
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+NETWORK_DRILLS = (
+    "isolate-leader",
+    "split-minority",
+    "pipeline-cut",
+    "producers-cut",
+    "flaky-network",
+    "slow-link",
+)
+
+
+def test_the_six_network_drills_ship_on_a_network_of_hosts_with_their_incidents():
+    kinds = {}
+    for name in NETWORK_DRILLS:
+        d = load_drill(name)
+        assert d.netns and d.description and d.expect["rows_lost"] == 0, name
+        kinds[name] = {i.kind for i in d.incidents}
+    assert kinds["flaky-network"] == {"flaky_link"} and kinds["slow-link"] == {"link_cap"}
+    assert all(
+        kinds[n] == {"partition"}
+        for n in ("isolate-leader", "split-minority", "pipeline-cut", "producers-cut")
+    )
+
+
+@pytest.mark.parametrize(
+    ("incident", "message"),
+    [
+        ("kind='partition'\nside_a='moon'", r"side_a must name groups \(leader, brokers, pipeline"),
+        ("kind='partition'\nside_b=[]", "side_b needs at least one group"),
+        ("kind='partition'\none_way='yes'", "one_way must be true or false"),
+        ("kind='flaky_link'\npercent=500", "percent must be a whole number from 0 to 100, got 500"),
+        ("kind='link_cap'\nrate='fast'", "rate"),
+        ("kind='link_cap'\nhost='rest'", "the root namespace has no link of its own"),
+    ],
+)
+def test_a_bad_network_incident_is_refused_naming_the_problem(incident: str, message: str):
+    with pytest.raises(HarnessError, match=message):
+        drill(f"[drill]\nprofile='smoke'\nnetns=true\n[[incidents]]\nat_s=1\n{incident}\n")
+
+
+def test_a_network_incident_without_a_network_is_refused_before_anything_starts(tmp_path: Path):
+    cut = drill("[drill]\nprofile='smoke'\n[[incidents]]\nkind='partition'\nat_s=1\nside_a='pipeline'\n")
+    with pytest.raises(
+        HarnessError, match="incident partition needs the run on a network of hosts: netns = true"
+    ):
+        run_drill(cut, tmp_path / "run", None)
+    assert not (tmp_path / "run").exists() or not any((tmp_path / "run").iterdir())
+
+
+PIPELINE_CUT = """
+[drill]
+description = "the pipeline cut from the broker for 15 s"
+profile = "smoke"
+netns = true
+pipeline = { session_timeout = "60s" }
+run = { warmup_s = 3, steady_s = 50, max_lag_s = 600, drain_max_s = 300 }
+
+[[incidents]]
+kind = "partition"
+at_s = 5
+side_a = "pipeline"
+side_b = "brokers"
+duration_s = 15
+
+[expect]
+stopped = false
+rows_lost = 0
+rows_repeated = 0
+correct = true
+recover_s = 90
+"""
+
+
+@needs_network
+@pytest.mark.slow
+@pytest.mark.parametrize("source", ["sotw-kafka", "spark-kafka"])
+def test_a_pipeline_cut_from_the_broker_goes_on_where_it_was_after_the_heal(tmp_path: Path, source: str):
+    d = drill(PIPELINE_CUT)
+    d = dataclasses.replace(d, pipeline={**d.pipeline, "source": source})
+    results = run_drill(d, tmp_path / "run", None)
+    assert passed(results)
+    assert "network cut ['pipeline'] | ['n1']" in " ".join(
+        incident.notes[0] for incident in results.incidents
+    )
+
+
+PLAIN_JOB = (
+    f"{{python}} {ROOT / 'tests' / 'loadtest' / 'jobs' / 'plain_kafka_job.py'} --bootstrap {{bootstrap}} "
+    "--topics {pattern} --out {output} --group cut-job --mode highest-seq"
+)
+
+
+@needs_network
+@pytest.mark.slow
+def test_a_job_that_skips_to_the_latest_offset_after_a_silence_fails_the_cut_on_the_rows_it_skipped(
+    tmp_path: Path,
+):
+    """The planted bug shows only under a partition: under steady load the job is never silent for 3 s."""
+    job = JobSpec(
+        command=PLAIN_JOB + " --skip-to-latest-after-s 3",
+        lag_from=LagFrom("group", "cut-job"),
+        contract="tables",
+    )
+    results = run_drill(drill(PIPELINE_CUT), tmp_path / "run", None, job=job)
+    assert results.drill is not None and not results.drill.passed
+    assert results.correctness is not None and results.correctness.rows_lost > 0
+    assert results.correctness.blame.get("pipeline", 0) > 0 and not results.correctness.blame.get("broker")
+
+
+ISOLATE_LEADER = """
+[drill]
+description = "the busiest leader of three nodes cut from everything for 20 s"
+profile = "smoke"
+broker = "kafka-3"
+netns = true
+pipeline = { session_timeout = "60s" }
+run = { warmup_s = 3, steady_s = 60, max_lag_s = 600, drain_max_s = 300 }
+
+[[incidents]]
+kind = "partition"
+at_s = 5
+side_a = "leader"
+side_b = "rest"
+duration_s = 20
+
+[[incidents]]
+kind = "flaky_link"
+at_s = 35
+percent = 5
+duration_s = 10
+
+[expect]
+stopped = false
+rows_lost = 0
+rows_repeated = 0
+correct = true
+leaders_moved_s = 20
+replicated_s = 120
+"""
+
+
+@needs_network
+@pytest.mark.slow
+def test_an_isolated_leader_hands_its_partitions_over_and_catches_up_with_nothing_lost(tmp_path: Path):
+    results = run_drill(drill(ISOLATE_LEADER), tmp_path / "run", None)
+    assert passed(results)
+    cut = next(i for i in results.incidents if i.label == "partition")
+    assert cut.figures["leaders_moved_s"] > 0 and "led the most partitions" in cut.notes[0]
+
+
+def test_the_planted_bug_is_in_the_job_and_off_by_default():
+    import subprocess
+
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "loadtest" / "jobs" / "plain_kafka_job.py"), "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "--skip-to-latest-after-s" in done.stdout
