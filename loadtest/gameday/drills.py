@@ -252,6 +252,12 @@ class Drill:
         checks: list[DrillCheck] = []
         for key, bound in self.expect.items():
             checks += EXPECTATIONS[key][1](outcome, bound)
+        # An incident that could not be carried out rehearsed nothing: the drill cannot pass on it.
+        checks += [
+            DrillCheck(f"carried out ({r.label})", "no error", r.error, False)
+            for r in outcome.recoveries
+            if r.error
+        ]
         return DrillScore(self.name, self.description, checks, bool(checks) and all(c.met for c in checks))
 
 

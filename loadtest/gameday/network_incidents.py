@@ -7,7 +7,7 @@ groups, each one of:
 - ``leader``: the node leading the most of the run's partitions when the incident begins;
 - a node id (``1``, ``2``, ...) or a host name (``n1``, ...); ``brokers``: every node not on the other side;
 - ``pipeline``; ``simulator`` (the root namespace: the simulator, the lag sampler, the verifier's look-ups);
-- ``rest``: every host not on the other side (the root namespace included).
+- ``rest``: every host not on the other side (the root namespace included); not on both sides.
 
 The active controller is not offered: confluent-kafka has no call that names it (KIP-595's DescribeQuorum is
 the Java admin's). Each incident heals at its end, and whatever it left in force is healed if the run ends
@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from loadtest.errors import HarnessError
@@ -63,41 +63,69 @@ def _side(kind: str, name: str, value: Any) -> tuple[str | int, ...]:
 
 @dataclass(frozen=True)
 class Chosen:
-    """The hosts a group named when the incident began, and the node ``leader`` stood for."""
+    """The hosts a side named when the incident began, and the node ``leader`` stood for."""
 
     hosts: list[str]
     leader: int | None = None
 
 
-def _resolve(stage: Stage, network: Network, side: Sequence[str | int], other: list[str]) -> Chosen:
-    """The hosts of ``side``; ``brokers`` and ``rest`` leave out the hosts of ``other``, the side resolved first."""
-    nodes = [h for h in network.hosts if h != PIPELINE]
+#: Groups that stand for "whatever the other side does not hold".
+_WIDE = ("brokers", "rest")
+
+
+def _named(stage: Stage, network: Network, side: Sequence[str | int]) -> Chosen:
+    """The hosts of ``side``'s groups other than ``brokers`` and ``rest``."""
     hosts: list[str] = []
     leader = None
     for group in side:
         if group == "leader":
             cluster = stage.broker.cluster if stage.broker is not None else None
-            if cluster is None:
-                leader = 1  # one node leads everything
-            else:
-                leader = choose_node(cluster, stage, "busiest")[0]
+            leader = 1 if cluster is None else choose_node(cluster, stage, "busiest")[0]
             hosts.append(host_name(leader))
-        elif group == "brokers":
-            hosts += [h for h in nodes if h not in other]
         elif group == "pipeline":
             hosts.append(PIPELINE)
         elif group == "simulator":
             hosts.append(SIMULATOR)
-        elif group == "rest":
-            hosts += [h for h in (*network.hosts, SIMULATOR) if h not in other]
-        else:
-            hosts.append(host_name(group) if isinstance(group, int) else group)
+        elif group not in _WIDE:
+            hosts.append(host_name(group) if isinstance(group, int) else str(group))
     unknown = [h for h in hosts if h != SIMULATOR and h not in network.hosts]
     if unknown:
         raise HarnessError(
             f"there is no host {unknown[0]!r} on the run's network: it has {sorted(network.hosts)}"
         )
-    return Chosen(list(dict.fromkeys(hosts)), leader)
+    return Chosen(hosts, leader)
+
+
+def _widen(network: Network, side: Sequence[str | int], named: Chosen, other: Sequence[str]) -> Chosen:
+    """``named`` with ``brokers`` (the nodes) and ``rest`` (every host and the root namespace) not in ``other``."""
+    hosts = list(named.hosts)
+    nodes = [h for h in network.hosts if h != PIPELINE]
+    if "brokers" in side:
+        hosts += [h for h in nodes if h not in other]
+    if "rest" in side:
+        hosts += [h for h in (*network.hosts, SIMULATOR) if h not in other]
+    return Chosen(list(dict.fromkeys(hosts)), named.leader)
+
+
+def resolve_sides(
+    stage: Stage, network: Network, side_a: Sequence[str | int], side_b: Sequence[str | int]
+) -> tuple[Chosen, Chosen]:
+    """Both sides' hosts: the named groups first, then ``brokers`` and ``rest`` as what the other side lacks.
+
+    Raises
+    ------
+    HarnessError
+        If a host is not on the network, the sides share a host, or one is empty.
+    """
+    a, b = _named(stage, network, side_a), _named(stage, network, side_b)
+    a = _widen(network, side_a, a, b.hosts)
+    b = _widen(network, side_b, b, a.hosts)
+    shared = sorted(set(a.hosts) & set(b.hosts))
+    if shared:
+        raise HarnessError(f"both sides of the partition hold {shared}")
+    if not a.hosts or not b.hosts:
+        raise HarnessError(f"a side of the partition holds no host: {a.hosts} | {b.hosts}")
+    return a, b
 
 
 class _Healing:
@@ -119,11 +147,28 @@ class NetworkIncident(Incident):
     """A network fault in force for ``duration_s``, healed at the end (or when the run ends first)."""
 
     duration_s: float = 30.0
-    _healing: _Healing = field(default_factory=_Healing, compare=False, repr=False)
+    _healing: ClassVar[_Healing]
 
     def __post_init__(self) -> None:
         super().__post_init__()
         number(f"{self.kind}: duration_s", self.duration_s)
+        # Not a field: the fault in force is no parameter, and the incident's dict (results.json) leaves it out.
+        object.__setattr__(self, "_healing", _Healing())
+
+    def check(self, nodes: int) -> None:
+        """Refuse, before the run starts, a host the run's network will not have (``nodes`` broker nodes)."""
+        for name in ("side_a", "side_b", "hosts", "host"):
+            value = getattr(self, name, None)
+            if value is None or value == "all":
+                continue
+            for item in _side(self.kind, name, value):
+                node = item if isinstance(item, int) else None
+                if isinstance(item, str) and item[:1] == "n" and item[1:].isdigit():
+                    node = int(item[1:])
+                if node is not None and not 1 <= node <= nodes:
+                    raise HarnessError(
+                        f"{self.kind}: {name} names node {item!r}, but the broker has nodes 1 to {nodes}"
+                    )
 
     @property
     def duration(self) -> float:
@@ -136,8 +181,7 @@ class NetworkIncident(Incident):
 
     def end(self, stage: Stage) -> str | Step:
         """Heal the fault."""
-        self._healing.heal()
-        return "healed"
+        return "healed" if self._healing.heal() else "nothing was in force to heal"
 
     def close(self, stage: Stage) -> None:
         """Never leave a fault in force."""
@@ -162,19 +206,21 @@ class Partition(NetworkIncident):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _side(self.kind, "side_a", self.side_a)
-        _side(self.kind, "side_b", self.side_b)
+        a, b = _side(self.kind, "side_a", self.side_a), _side(self.kind, "side_b", self.side_b)
+        if set(a) & set(b) or all(g in _WIDE for g in (*a, *b)):
+            raise HarnessError(
+                f"partition: side_a {list(a)} and side_b {list(b)} must name different hosts, and at least one "
+                "side a host or group other than brokers and rest"
+            )
         if not isinstance(self.one_way, bool):
             raise HarnessError(f"partition: one_way must be true or false, got {self.one_way!r}")
 
     def begin(self, stage: Stage) -> Step:
         """Cut the link; with the leader cut off, wait until the others lead its partitions."""
         network = network_of(stage, self.kind)
-        a = _resolve(stage, network, _side(self.kind, "side_a", self.side_a), [])
-        b = _resolve(stage, network, _side(self.kind, "side_b", self.side_b), a.hosts)
-        overlap = sorted(set(a.hosts) & set(b.hosts))
-        if overlap:
-            raise HarnessError(f"partition: both sides hold {overlap}")
+        a, b = resolve_sides(
+            stage, network, _side(self.kind, "side_a", self.side_a), _side(self.kind, "side_b", self.side_b)
+        )
         try:
             self.put(network.partition(a.hosts, b.hosts, one_way=self.one_way))
         except NetworkError as exc:
@@ -238,7 +284,8 @@ class FlakyLink(NetworkIncident):
         network = network_of(stage, self.kind)
         hosts = None
         if self.hosts != "all":
-            hosts = _resolve(stage, network, _side(self.kind, "hosts", self.hosts), []).hosts
+            side = _side(self.kind, "hosts", self.hosts)
+            hosts = _widen(network, side, _named(stage, network, side), []).hosts
         try:
             self.put(network.flaky(hosts, self.percent))
         except NetworkError as exc:
@@ -256,7 +303,8 @@ class LinkCap(NetworkIncident):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if _side(self.kind, "host", self.host)[0] in ("simulator", "rest", "brokers"):
+        host = _side(self.kind, "host", self.host)
+        if len(host) != 1 or host[0] in ("simulator", "rest", "brokers"):
             raise HarnessError(
                 f"link_cap: host must be one host (pipeline, leader, a node), got {self.host!r}: the root "
                 "namespace has no link of its own to cap"
@@ -269,7 +317,10 @@ class LinkCap(NetworkIncident):
     def begin(self, stage: Stage) -> str:
         """Cap the link."""
         network = network_of(stage, self.kind)
-        (host,) = _resolve(stage, network, _side(self.kind, "host", self.host), []).hosts
+        (host,) = _named(stage, network, _side(self.kind, "host", self.host)).hosts
         started = time.monotonic()
-        self.put(network.cap(host, self.rate))
+        try:
+            self.put(network.cap(host, self.rate))
+        except NetworkError as exc:
+            raise HarnessError(f"link_cap: {exc}") from None
         return f"{host}'s link capped at {self.rate} each way ({time.monotonic() - started:.2f} s to apply)"

@@ -131,6 +131,11 @@ class Session:
             admin = self.broker.kafka_config().settings
             self._kafka = KafkaConfig(self.broker.bootstrap, {**admin, **config.kafka_settings})
         job, root = config.job, self.dir / "pipeline"
+        if config.netns and ((job is not None and job.attach) or profile.pipeline.master):
+            raise HarnessError(
+                "--netns starts the pipeline in a namespace of its own: it cannot take --attach, nor a Spark "
+                "cluster's executors (--master), which would read Kafka from outside it"
+            )
         if job is not None:
             job.check_policy(profile.pipeline.policy)
         if job is not None and job.attach:

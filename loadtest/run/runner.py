@@ -152,6 +152,14 @@ def execute(request: RunRequest, stop: threading.Event | None = None, progress: 
             f"incident {needs_network[0]} needs the run on a network of hosts: netns = true in the drill file, "
             "or --netns"
         )
+    for incident in request.all_incidents:
+        if isinstance(incident, NetworkIncident):
+            incident.check(BROKER_NODES[request.broker])
+    if request.netns and request.profile.pipeline.master:
+        raise HarnessError(
+            "--netns starts the pipeline's driver in a namespace of its own, but a Spark cluster's executors "
+            "(--master) would read Kafka from outside it: run the network drills on the pipeline's local Spark"
+        )
     if request.netns and request.job is not None and request.job.attach:
         raise HarnessError("--netns starts the pipeline in a namespace of its own: it cannot take --attach")
     if request.job is not None:

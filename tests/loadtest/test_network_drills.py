@@ -9,6 +9,7 @@ and heal seen by a real Kafka client (tests/test_broker_netns.py).
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
 from pathlib import Path
 
@@ -16,9 +17,11 @@ import pytest
 
 from loadtest.cli import run_drill
 from loadtest.errors import HarnessError
-from loadtest.gameday.drills import load_drill
+from loadtest.gameday.drills import DrillOutcome, load_drill
+from loadtest.reports.results import IncidentResult
 from loadtest.run.job import JobSpec, LagFrom
 from sotw.network import missing
+from tests.loadtest.sample_results import sample_results
 from tests.loadtest.test_drills import drill, passed
 
 MISSING = missing()
@@ -64,6 +67,62 @@ def test_the_six_network_drills_ship_on_a_network_of_hosts_with_their_incidents(
 def test_a_bad_network_incident_is_refused_naming_the_problem(incident: str, message: str):
     with pytest.raises(HarnessError, match=message):
         drill(f"[drill]\nprofile='smoke'\nnetns=true\n[[incidents]]\nat_s=1\n{incident}\n")
+
+
+@pytest.mark.parametrize(
+    ("incident", "message"),
+    [
+        ("kind='partition'\nside_a='rest'\nside_b='brokers'", "at least one side a host or group other than"),
+        ("kind='partition'\nside_a='pipeline'\nside_b='pipeline'", "must name different hosts"),
+        ("kind='link_cap'\nhost=['pipeline', 'n1']", "host must be one host"),
+    ],
+)
+def test_sides_that_cannot_be_told_apart_are_refused_when_the_drill_is_read(incident: str, message: str):
+    with pytest.raises(HarnessError, match=message):
+        drill(f"[drill]\nprofile='smoke'\nnetns=true\n[[incidents]]\nat_s=1\n{incident}\n")
+
+
+@pytest.mark.parametrize(
+    ("head", "incident", "message"),
+    [
+        ("netns=true", "side_a=2", "side_a names node 2, but the broker has nodes 1 to 1"),
+        (
+            "netns=true\nbroker='kafka-3'",
+            "side_b='n4'",
+            "side_b names node 'n4', but the broker has nodes 1 to 3",
+        ),
+        (
+            "netns=true\npipeline={master='spark://127.0.0.1:7077'}",
+            "side_a='pipeline'",
+            "executors \\(--master\\)",
+        ),
+    ],
+)
+def test_a_network_drill_the_run_could_not_carry_out_is_refused_before_anything_starts(
+    tmp_path: Path, head: str, incident: str, message: str
+):
+    cut = drill(f"[drill]\nprofile='smoke'\n{head}\n[[incidents]]\nkind='partition'\nat_s=1\n{incident}\n")
+    with pytest.raises(HarnessError, match=message):
+        run_drill(cut, tmp_path / "run", None)
+    assert not (tmp_path / "run").exists() or not any((tmp_path / "run").iterdir())
+
+
+def test_an_incident_that_failed_fails_the_scorecard_and_a_network_incident_is_plain_data():
+    cut = drill(
+        "[drill]\nprofile='smoke'\nnetns=true\n[[incidents]]\nkind='partition'\nat_s=1\n[expect]\nrows_lost=0\n"
+    )
+    failed = IncidentResult("partition", "partition", 1, 2, error="partition: no host 'n9'")
+    correct = sample_results().correctness
+    score = cut.score(DrillOutcome("PASS", correct, [failed], stopped=False, stop_message=""))
+    assert not score.passed and score.checks[-1].name == "carried out (partition)"
+    assert json.loads(json.dumps(dataclasses.asdict(cut.incidents[0]))) == {
+        "at_s": 1,
+        "name": "",
+        "duration_s": 30.0,
+        "side_a": "leader",
+        "side_b": "rest",
+        "one_way": False,
+    }
 
 
 def test_a_network_incident_without_a_network_is_refused_before_anything_starts(tmp_path: Path):

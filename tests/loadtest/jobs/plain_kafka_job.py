@@ -91,7 +91,7 @@ def main() -> None:
     else:
         sink = Files(args.out)
     next_flush = time.monotonic() + args.flush_ms / 1000
-    last_read = time.monotonic()
+    last_read: float | None = None  # armed by the first record: the start's silence is no broken fetch
     try:
         while not stop:
             for msg in consumer.consume(500, timeout=0.2):
@@ -101,8 +101,10 @@ def main() -> None:
                 elif msg.error().code() != KafkaError._PARTITION_EOF:
                     print("kafka error:", msg.error(), flush=True)
             quiet = args.skip_to_latest_after_s
-            if quiet is not None and time.monotonic() - last_read > quiet and skip_to_latest(consumer):
-                last_read = time.monotonic()
+            if quiet is not None and last_read is not None and time.monotonic() - last_read > quiet:
+                if skip_to_latest(consumer):
+                    print(f"silent for {quiet:g} s: skipped to the latest offsets", flush=True)
+                    last_read = time.monotonic()
             if time.monotonic() >= next_flush:
                 sink.flush(table)
                 commit(consumer)
