@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -192,6 +193,9 @@ def test_a_job_that_skips_to_the_latest_offset_after_a_silence_fails_the_cut_on_
     assert results.drill is not None and not results.drill.passed
     assert results.correctness is not None and results.correctness.rows_lost > 0
     assert results.correctness.blame.get("pipeline", 0) > 0 and not results.correctness.blame.get("broker")
+    log = (tmp_path / "run" / "pipeline" / "pipeline.log").read_text()
+    skipped = [int(n) for n in re.findall(r"s of silence: skipped (\d+)", log)]
+    assert max(skipped) > 0, log[-2000:]  # the cut's backlog, skipped after the heal
 
 
 ISOLATE_LEADER = """
