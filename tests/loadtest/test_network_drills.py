@@ -249,3 +249,53 @@ def test_the_planted_bug_is_in_the_job_and_off_by_default():
         check=True,
     )
     assert "--skip-to-latest-after-s" in done.stdout
+
+
+LOCUST_SCENARIO = """
+[profiles.cut]
+description = "the pipeline cut from the broker for 10 s, in a Locust session on a network of hosts"
+[profiles.cut.simulator]
+sensors = 4
+rows = 20
+partitions = 1
+rate = 300
+[profiles.cut.pipeline]
+session_timeout = "60s"
+[profiles.cut.run]
+warmup_s = 3
+steady_s = 30
+max_lag_s = 600
+drain_max_s = 300
+[[profiles.cut.incidents]]
+kind = "partition"
+at_s = 5
+side_a = "pipeline"
+side_b = "brokers"
+duration_s = 10
+"""
+
+
+@needs_network
+@pytest.mark.slow
+def test_a_locust_session_on_a_network_of_hosts_cuts_its_pipeline_and_verifies_nothing_lost(tmp_path: Path):
+    """``sotw locust --netns``: the session's broker and pipeline in namespaces, a profile's partition honoured."""
+    from tests.loadtest.locust_process import start, stop
+
+    scenario = tmp_path / "scenario.toml"
+    scenario.write_text(LOCUST_SCENARIO)
+    session, log = tmp_path / "session", tmp_path / "locust.log"
+    locust = start(
+        ["--headless", "--netns", "--scenario", str(scenario), "--profile", "cut", "--shape=steady"]
+        + ["--load=1x", f"--run-dir={session}"],
+        log,
+        sotw=True,
+    )
+    try:
+        locust.wait(timeout=600)
+    finally:
+        stop(locust)
+    results = json.loads((session / "run-1" / "results.json").read_text())
+    cut = results["incidents"][0]
+    assert cut["kind"] == "partition" and cut["error"] is None, log.read_text()[-3000:]
+    assert "network cut ['pipeline'] | ['n1']" in cut["notes"][0]
+    assert results["correctness"]["rows_lost"] == 0 and results["correctness"]["passed"], results["verdict"]
