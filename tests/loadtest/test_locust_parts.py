@@ -296,6 +296,7 @@ class FakeSession:
     dir: Path
     prefix: str = "sotw-sensor-abc123-"
     pipeline: PipelineProcess | None = None
+    where: tuple[str, ...] = ()
 
 
 def test_a_team_s_job_is_the_run_s_own_and_sotw_s_shared_pipeline_is_read_on_the_run_s_topics_only(
