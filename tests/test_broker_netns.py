@@ -154,3 +154,29 @@ def test_a_stopped_node_starts_again_in_its_own_namespace(
     cluster.pause(1)
     cluster.resume()
     assert sorted(read_all(cluster.bootstrap, topic, 300)) == list(range(300))
+
+
+@pytest.mark.system
+@needs_network
+def test_the_active_controller_cut_off_is_replaced_by_another_node_and_rejoins(cluster: KafkaBroker) -> None:
+    network = cluster.network
+    assert network is not None
+    old = wait_for("a controller quorum leader", lambda: cluster.active_controller() is not None, 30)
+    controller = cluster.active_controller()
+    assert controller in cluster.node_ids, old
+    others = [cluster.host_name(n) for n in cluster.node_ids if n != controller]
+    with network.partition([cluster.host_name(controller)], others):
+        moved_s = wait_for(
+            f"another node than {controller} leading the quorum",
+            lambda: cluster.active_controller() not in (None, controller),
+            30,
+        )
+        new = cluster.active_controller()
+    # After the heal the quorum has a leader and the cluster serves all three nodes again.
+    wait_for("a quorum leader after the heal", lambda: cluster.active_controller() is not None, 30)
+    wait_for(
+        "the whole cluster registered again",
+        lambda: len(cluster.admin().list_topics(timeout=5).brokers) == 3,
+        60,
+    )
+    print(f"\ncontroller {controller} cut off: node {new} took over after {moved_s:.1f} s")

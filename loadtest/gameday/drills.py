@@ -191,6 +191,10 @@ EXPECTATIONS: dict[str, tuple[str, Callable[[DrillOutcome, Any], list[DrillCheck
         "seconds from a node's kill (or its cut-off) until the others lead all of the run's partitions, at most",
         _figure("leaders_moved_s", " s"),
     ),
+    "controller_moved_s": (
+        "seconds from the active controller's cut-off until another node leads the quorum, at most",
+        _figure("controller_moved_s", " s"),
+    ),
     "elected_s": (
         "seconds from the leader's kill until every partition of the run has a leader again, at most",
         _figure("elected_s", " s"),

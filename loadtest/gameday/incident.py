@@ -24,6 +24,9 @@ class ClusterControl(Protocol):
     def partitions(self) -> list[PartitionState]:
         """Every partition but the internal topics', with leader, replicas and replicas in sync, as now."""
 
+    def active_controller(self) -> int | None:
+        """The node leading the KRaft controller quorum now; None while an election runs."""
+
     def under_replicated(self) -> int:
         """How many partitions of every topic (the internal ones too) have fewer replicas in sync than assigned."""
 

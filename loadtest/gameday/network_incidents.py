@@ -5,13 +5,12 @@ namespace (``loadtest.run.hostnet`` says why the simulator stays there). A side 
 groups, each one of:
 
 - ``leader``: the node leading the most of the run's partitions when the incident begins;
+- ``controller``: the node leading the KRaft controller quorum then (every node is a broker and a controller);
 - a node id (``1``, ``2``, ...) or a host name (``n1``, ...); ``brokers``: every node not on the other side;
 - ``pipeline``; ``simulator`` (the root namespace: the simulator, the lag sampler, the verifier's look-ups);
 - ``rest``: every host not on the other side (the root namespace included); not on both sides.
 
-The active controller is not offered: confluent-kafka has no call that names it (KIP-595's DescribeQuorum is
-the Java admin's). Each incident heals at its end, and whatever it left in force is healed if the run ends
-first.
+Each incident heals at its end, and whatever it left in force is healed if the run ends first.
 """
 
 from __future__ import annotations
@@ -24,14 +23,17 @@ from typing import Any, ClassVar
 
 from loadtest.errors import HarnessError
 from loadtest.gameday.broker_incidents import REPLICATED_TIMEOUT_S, choose_node, served_without, wait_for
-from loadtest.gameday.incident import Incident, Stage, Step, now_ms, number
+from loadtest.gameday.incident import ClusterControl, Incident, Stage, Step, now_ms, number
 from loadtest.run.hostnet import PIPELINE, SIMULATOR
 from sotw.broker.placement import host_name
 from sotw.errors import NetworkError
 from sotw.network import Fault, Network, parse_rate
 
 #: The group names a side of a partition can use, besides node ids and host names.
-GROUPS = ("leader", "brokers", "pipeline", "simulator", "rest")
+GROUPS = ("leader", "controller", "brokers", "pipeline", "simulator", "rest")
+
+#: How long a side naming ``controller`` waits for the quorum to have a leader (an election can be running).
+CONTROLLER_WAIT_S = 30.0
 
 
 def network_of(stage: Stage, kind: str) -> Network:
@@ -67,6 +69,7 @@ class Chosen:
 
     hosts: list[str]
     leader: int | None = None
+    controller: int | None = None
 
 
 #: Groups that stand for "whatever the other side does not hold".
@@ -76,12 +79,15 @@ _WIDE = ("brokers", "rest")
 def _named(stage: Stage, network: Network, side: Sequence[str | int]) -> Chosen:
     """The hosts of ``side``'s groups other than ``brokers`` and ``rest``."""
     hosts: list[str] = []
-    leader = None
+    leader = controller = None
+    cluster = stage.broker.cluster if stage.broker is not None else None
     for group in side:
         if group == "leader":
-            cluster = stage.broker.cluster if stage.broker is not None else None
             leader = 1 if cluster is None else choose_node(cluster, stage, "busiest")[0]
             hosts.append(host_name(leader))
+        elif group == "controller":
+            controller = 1 if cluster is None else _controller(cluster)
+            hosts.append(host_name(controller))
         elif group == "pipeline":
             hosts.append(PIPELINE)
         elif group == "simulator":
@@ -93,7 +99,21 @@ def _named(stage: Stage, network: Network, side: Sequence[str | int]) -> Chosen:
         raise HarnessError(
             f"there is no host {unknown[0]!r} on the run's network: it has {sorted(network.hosts)}"
         )
-    return Chosen(hosts, leader)
+    return Chosen(hosts, leader, controller)
+
+
+def _controller(cluster: ClusterControl) -> int:
+    """The active controller, waited for while an election runs."""
+    found: list[int] = []
+
+    def known() -> bool:
+        node = cluster.active_controller()
+        found[:] = [] if node is None else [node]
+        return bool(found)
+
+    if not math.isfinite(wait_for(known, CONTROLLER_WAIT_S)):
+        raise HarnessError(f"the controller quorum had no leader for {CONTROLLER_WAIT_S:g} s")
+    return found[0]
 
 
 def _widen(network: Network, side: Sequence[str | int], named: Chosen, other: Sequence[str]) -> Chosen:
@@ -104,7 +124,7 @@ def _widen(network: Network, side: Sequence[str | int], named: Chosen, other: Se
         hosts += [h for h in nodes if h not in other]
     if "rest" in side:
         hosts += [h for h in (*network.hosts, SIMULATOR) if h not in other]
-    return Chosen(list(dict.fromkeys(hosts)), named.leader)
+    return Chosen(list(dict.fromkeys(hosts)), named.leader, named.controller)
 
 
 def resolve_sides(
@@ -126,6 +146,11 @@ def resolve_sides(
     if not a.hosts or not b.hosts:
         raise HarnessError(f"a side of the partition holds no host: {a.hosts} | {b.hosts}")
     return a, b
+
+
+def _after(seconds: float, done: str, not_done: str) -> str:
+    """``done after N s``, or ``not_done`` when it never happened (NaN)."""
+    return f"{done} after {seconds:.1f} s" if math.isfinite(seconds) else not_done
 
 
 class _Healing:
@@ -194,9 +219,10 @@ class Partition(NetworkIncident):
 
     Drops, not refusals: a client sees timeouts, as on a real partition. With the leader on ``side_a``, the
     incident's window lasts until every partition of the run is led by a node of the majority (as the
-    root namespace's metadata shows it, when the root namespace is not cut off itself); at the heal, the
-    cut node's replicas are waited for until every partition is in sync again. Figures: ``node`` (the
-    leader cut off), ``leaders_moved_s``, ``replicated_s`` (the heal until nothing is under-replicated).
+    root namespace's metadata shows it, when the root namespace is not cut off itself); with the controller
+    there, until another node leads the quorum. At the heal, the cut node's replicas are waited for until every
+    partition is in sync again. Figures: ``node`` (the leader cut off), ``leaders_moved_s``, ``controller`` and
+    ``controller_moved_s`` (from the cut), ``replicated_s`` (the heal until nothing is under-replicated).
     """
 
     kind: ClassVar[str] = "partition"
@@ -225,20 +251,30 @@ class Partition(NetworkIncident):
             self.put(network.partition(a.hosts, b.hosts, one_way=self.one_way))
         except NetworkError as exc:
             raise HarnessError(f"partition: {exc}") from None
+        cut = time.monotonic()
         arrow = "->" if self.one_way else "|"
-        note = f"network cut {a.hosts} {arrow} {b.hosts} (packets dropped)"
+        notes = [f"network cut {a.hosts} {arrow} {b.hosts} (packets dropped)"]
         figures: dict[str, float] = {}
         cluster = stage.broker.cluster if stage.broker is not None else None
         if a.leader is not None and cluster is not None and SIMULATOR not in a.hosts:
             gone = a.leader
             moved = wait_for(lambda: served_without(cluster, stage, gone), self.duration_s)
-            figures = {"node": float(gone), "leaders_moved_s": moved}
-            note += f"; node {gone} led the most partitions; " + (
-                f"the others lead them all after {moved:.1f} s"
-                if math.isfinite(moved)
-                else "leadership not moved"
+            figures |= {"node": float(gone), "leaders_moved_s": moved}
+            notes.append(
+                f"node {gone} led the most partitions; "
+                + _after(moved, "the others lead them all", "leadership not moved")
             )
-        return Step(note, figures, outage_end_ms=now_ms() if figures else None)
+        if a.controller is not None and cluster is not None:
+            old = a.controller
+            left = max(0.0, self.duration_s - (time.monotonic() - cut))
+            elected = wait_for(lambda: cluster.active_controller() not in (None, old), left)
+            moved = time.monotonic() - cut if math.isfinite(elected) else math.nan
+            figures |= {"controller": float(old), "controller_moved_s": moved}
+            notes.append(
+                f"node {old} was the active controller; "
+                + _after(moved, f"node {cluster.active_controller()} took over", "no other node took over")
+            )
+        return Step("; ".join(notes), figures, outage_end_ms=now_ms() if figures else None)
 
     def end(self, stage: Stage) -> Step:
         """Heal; measure until every partition is in sync again (on a cluster of several nodes)."""

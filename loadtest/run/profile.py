@@ -247,7 +247,8 @@ class RunSettings:
         Pass criterion: the p99 end-to-end latency of the messages meant for the steady phase stays below
         this; None for no bound.
     pipeline_start_timeout_s
-        How long Spark may take to start.
+        How long Spark may take to start; also how long past ``warmup_s`` the warm-up waits for the pipeline
+        to catch up.
     min_judged
         The share of sessions the verifier must have judged for the run to PASS; below it the run is
         INCONCLUSIVE (``sotw run --min-judged``).

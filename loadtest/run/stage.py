@@ -64,6 +64,10 @@ class LocalControl:
         """Partitions of every topic with fewer replicas in sync than assigned."""
         return len(self.broker.under_replicated())
 
+    def active_controller(self) -> int | None:
+        """The node leading the controller quorum now (None during an election)."""
+        return self.broker.active_controller()
+
     @property
     def down_nodes(self) -> list[int]:
         """Nodes stopped by an incident and not started again."""

@@ -14,6 +14,7 @@ users from ``sotw.broker.users``.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import shutil
 import signal
@@ -517,6 +518,27 @@ class KafkaBroker(ClusterLookups, contextlib.AbstractContextManager["KafkaBroker
                 raise
 
     # ---- the cluster as the admin API shows it -------------------------------------------------------
+
+    def active_controller(self) -> int | None:
+        """The node leading the KRaft controller quorum, as the nodes last wrote it; None during an election.
+
+        Read from each node's ``quorum-state`` file, which KRaft rewrites on every change of epoch or leader:
+        confluent-kafka has no DescribeQuorum call, and in KRaft a broker answers a client's metadata request
+        with some live broker as the controller, not the quorum's leader. The highest epoch decides, since a
+        node cut off keeps naming the leader of an older one; at that epoch a node may only have voted so far.
+        """
+        with self._lock:
+            files = [n.data / "__cluster_metadata-0" / "quorum-state" for n in self._nodes.values()]
+        best: tuple[int, int] | None = None
+        for path in files:
+            try:
+                state = json.loads(path.read_text())
+                epoch, leader = int(state["leaderEpoch"]), int(state["leaderId"])
+            except (OSError, ValueError, KeyError, TypeError):
+                continue  # not written yet, or caught mid-write: the others decide
+            if best is None or (epoch, leader) > best:
+                best = (epoch, leader)
+        return best[1] if best is not None and best[1] >= 0 else None
 
     def admin(self) -> AdminClient:
         """The broker's admin client on the nodes' own listeners (past any proxy), made on first use."""

@@ -89,6 +89,9 @@ class LocalBroker(Protocol):
     def under_replicated(self, topics: Iterable[str] | None = None) -> list[tuple[str, int]]:
         """Partitions of ``topics`` (every topic by default) with fewer replicas in sync than assigned."""
 
+    def active_controller(self) -> int | None:
+        """The node leading the KRaft controller quorum now; None during an election."""
+
     def start(self) -> Self:
         """Start it and wait until it answers."""
 

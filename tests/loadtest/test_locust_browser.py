@@ -11,7 +11,7 @@ import re
 import time
 from pathlib import Path
 
-from playwright.sync_api import expect, sync_playwright
+from playwright.sync_api import Browser, Page, Playwright, expect, sync_playwright
 
 from sotw.kafka import KafkaConfig
 from tests.loadtest.locust_process import free_port, get_json, start, stop, wait_for
@@ -19,6 +19,29 @@ from tests.loadtest.locust_process import free_port, get_json, start, stop, wait
 CHROMIUM = Path("/usr/bin/chromium")
 #: The longest Stop may take to bring Locust's runner to STOPPED, as the UI shows it (issue 27).
 STOP_LIMIT_S = 5.0
+
+
+def wait_ready(url: str, log: Path, timeout_s: float) -> None:
+    """Wait until the session's pipeline is ready (the panel's log says so)."""
+    wait_for(
+        lambda: any("ready:" in line for line in get_json(f"{url}/sotw/state")["log"]),
+        timeout_s,
+        "the pipeline was not ready",
+        log,
+    )
+
+
+def started_in_the_ui(playwright: Playwright, url: str) -> tuple[Browser, Page]:
+    """Chromium on Locust's UI at ``url``, a run started with 10 users, its lag tab showing the run's topics."""
+    browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox"])
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(url)
+    page.get_by_label("Number of users (peak concurrency)").fill("10")
+    page.get_by_label("Ramp up (users started/second)").fill("10")
+    page.get_by_role("button", name="Start").click()
+    page.get_by_role("tab", name="Kafka lag").click()
+    expect(page.locator("table").first).to_contain_text("-run-1-0000", timeout=120_000)
+    return browser, page
 
 
 def test_a_run_started_in_the_ui_shows_live_lag_and_latency_its_controls_reach_the_simulator_and_stop_stops(
@@ -31,22 +54,9 @@ def test_a_run_started_in_the_ui_shows_live_lag_and_latency_its_controls_reach_t
     args += ["--web-host", "127.0.0.1", "--web-port", str(port), "--run-dir", str(tmp_path / "session")]
     proc = start(args, log, sotw=True)
     try:
-        wait_for(
-            lambda: any("ready:" in line for line in get_json(f"{url}/sotw/state")["log"]),
-            240,
-            "the pipeline was not ready",
-            log,
-        )
+        wait_ready(url, log, 240)
         with sync_playwright() as playwright:
-            browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox"])
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.goto(url)
-            page.get_by_label("Number of users (peak concurrency)").fill("10")
-            page.get_by_label("Ramp up (users started/second)").fill("10")
-            page.get_by_role("button", name="Start").click()
-
-            page.get_by_role("tab", name="Kafka lag").click()
-            expect(page.locator("table").first).to_contain_text("-run-1-0000", timeout=120_000)
+            browser, page = started_in_the_ui(playwright, url)
             page.get_by_role("tab", name="End-to-end latency").click()
             # A row per 5 s window of commit time: the pipeline has committed rows the verifier dated.
             expect(page.locator("table").first).to_contain_text(

@@ -12,6 +12,7 @@ import dataclasses
 import json
 import re
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -57,7 +58,10 @@ def test_the_six_network_drills_ship_on_a_network_of_hosts_with_their_incidents(
 @pytest.mark.parametrize(
     ("incident", "message"),
     [
-        ("kind='partition'\nside_a='moon'", r"side_a must name groups \(leader, brokers, pipeline"),
+        (
+            "kind='partition'\nside_a='moon'",
+            r"side_a must name groups \(leader, controller, brokers, pipeline",
+        ),
         ("kind='partition'\nside_b=[]", "side_b needs at least one group"),
         ("kind='partition'\none_way='yes'", "one_way must be true or false"),
         ("kind='flaky_link'\npercent=500", "percent must be a whole number from 0 to 100, got 500"),
@@ -239,6 +243,57 @@ def test_an_isolated_leader_hands_its_partitions_over_and_catches_up_with_nothin
     assert cut.figures["leaders_moved_s"] > 0 and "led the most partitions" in cut.notes[0]
 
 
+CONTROLLER_PRODUCERS_LINK = """
+[drill]
+description = "short forms of split-minority (the active controller's node), producers-cut and slow-link"
+profile = "smoke"
+broker = "kafka-3"
+netns = true
+pipeline = { session_timeout = "60s" }
+run = { warmup_s = 3, steady_s = 75, max_lag_s = 600, drain_max_s = 300 }
+
+[[incidents]]
+kind = "partition"
+at_s = 5
+side_a = "controller"
+side_b = "brokers"
+duration_s = 15
+
+[[incidents]]
+kind = "partition"
+at_s = 30
+side_a = "simulator"
+side_b = "brokers"
+duration_s = 10
+
+[[incidents]]
+kind = "link_cap"
+at_s = 50
+host = "pipeline"
+rate = "1mbit"
+duration_s = 10
+
+[expect]
+stopped = false
+rows_lost = 0
+rows_repeated = 0
+correct = true
+controller_moved_s = 20
+replicated_s = 120
+"""
+
+
+@needs_network
+@pytest.mark.slow
+def test_the_controller_the_producers_and_a_slow_link_each_cut_in_turn_lose_nothing(tmp_path: Path):
+    results = run_drill(drill(CONTROLLER_PRODUCERS_LINK), tmp_path / "run", None)
+    assert passed(results)
+    controller, producers, link = results.incidents
+    assert controller.figures["controller_moved_s"] > 0 and "was the active controller" in controller.notes[0]
+    assert "network cut ['gateway'] | ['n1', 'n2', 'n3']" in producers.notes[0]
+    assert "capped at 1mbit" in link.notes[0]
+
+
 def test_the_planted_bug_is_in_the_job_and_off_by_default():
     import subprocess
 
@@ -299,3 +354,53 @@ def test_a_locust_session_on_a_network_of_hosts_cuts_its_pipeline_and_verifies_n
     assert cut["kind"] == "partition" and cut["error"] is None, log.read_text()[-3000:]
     assert "network cut ['pipeline'] | ['n1']" in cut["notes"][0]
     assert results["correctness"]["rows_lost"] == 0 and results["correctness"]["passed"], results["verdict"]
+
+
+@needs_network
+@pytest.mark.slow
+def test_a_partition_chosen_in_the_locust_panel_cuts_the_pipeline_and_the_run_verifies_nothing_lost(
+    tmp_path: Path, artifact_dir: Path
+):
+    """The person at the Locust UI: on a ``--netns`` session, the panel's incident form cuts the pipeline off."""
+    from playwright.sync_api import expect, sync_playwright
+
+    from tests.loadtest.locust_process import free_port, start, stop
+    from tests.loadtest.test_locust_browser import started_in_the_ui, wait_ready
+
+    port, log, session = free_port(), tmp_path / "locust.log", tmp_path / "session"
+    url = f"http://127.0.0.1:{port}"
+    scenario = tmp_path / "scenario.toml"
+    scenario.write_text(LOCUST_SCENARIO.split("[[profiles.cut.incidents]]")[0])  # the panel cuts instead
+    args = ["--netns", "--scenario", str(scenario), "--profile", "cut", "--run-dir", str(session)]
+    proc = start(args + ["--web-host", "127.0.0.1", "--web-port", str(port)], log, sotw=True)
+    try:
+        wait_ready(url, log, 300)
+        with sync_playwright() as playwright:
+            browser, page = started_in_the_ui(playwright, url)
+            page.locator("#sotw-button").click()
+            panel = page.frame_locator("#sotw-frame")
+            panel.locator("#incident-kind").select_option("partition")
+            panel.locator("#incident-params").fill(
+                json.dumps({"side_a": "pipeline", "side_b": "brokers", "duration_s": 10})
+            )
+            panel.locator("#incident-form button[type=submit]").click()
+            expect(panel.locator("#incident-message")).to_have_text("sent", timeout=10_000)
+            expect(panel.locator("#sotw-log")).to_contain_text(
+                "network cut ['pipeline'] | ['n1']", timeout=30_000
+            )
+            expect(panel.locator("#sotw-log")).to_contain_text("healed", timeout=60_000)
+            page.screenshot(path=str(artifact_dir / "locust-partition.png"))
+            page.locator("#sotw-button").click()
+            time.sleep(20)  # the pipeline catches up on what waited in Kafka during the cut
+            page.get_by_role("button", name="Stop").click()
+            correctness = page.locator("#sotw-correctness-live")
+            page.get_by_role("tab", name="Correctness").click()
+            expect(correctness).to_contain_text(re.compile(r"verdict \(final\)\s*PASS"), timeout=300_000)
+            browser.close()
+    finally:
+        code = stop(proc)
+    assert code == 0, log.read_text()[-3000:]
+    results = json.loads((session / "run-1" / "results.json").read_text())
+    (cut,) = [i for i in results["incidents"] if i["kind"] == "partition"]
+    assert cut["error"] is None and "healed" in cut["notes"][-1]
+    assert results["correctness"]["rows_lost"] == 0 and results["correctness"]["rows_repeated"] == 0
