@@ -9,9 +9,11 @@ BUNDLES := kafka spark-kafka delta
 JARS   := $(foreach b,$(BUNDLES),$(VENV)/jars/$(b)/manifest.json)
 # Spark's Kafka connector and Delta's jars as spark.jars in PySpark's spark-defaults.conf (sotw/sparkjars.py).
 SPARK_DEFAULTS := $(VENV)/jars/spark-defaults.installed
+# examples/quixstreams_pipeline.py's own virtualenv: quixstreams 3.28 pins confluent-kafka below 2.13, sotw 2.16.
+QUIX_VENV := build/quixstreams-venv
 
 .DEFAULT_GOAL := help
-.PHONY: help setup demo test test-fast test-slow lint typecheck unit bench nightly clean
+.PHONY: help setup demo test test-fast test-slow lint typecheck unit bench nightly clean quixstreams-venv
 
 help: ## Show this help
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-10s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -65,6 +67,13 @@ bench: setup ## Micro benchmarks and the end-to-end benchmark
 
 nightly: setup ## The benchmark set, its history entry, the regression check and the trend page (runs/nightly)
 	$(BIN)/sotw nightly $(NIGHTLY_ARGS)
+
+$(QUIX_VENV)/.installed:
+	$(PYTHON) -m venv $(QUIX_VENV)
+	$(QUIX_VENV)/bin/python -m pip install --quiet 'quixstreams==3.28.*'
+	@touch $@
+
+quixstreams-venv: $(QUIX_VENV)/.installed ## A virtualenv of its own for the quixstreams example (build/quixstreams-venv)
 
 clean: ## Remove the virtualenv and run outputs
 	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache

@@ -47,8 +47,13 @@ def output_topic(prefix: str) -> str:
 
 
 def _streams_internal(app: str) -> re.Pattern[str]:
-    """The topics Kafka Streams makes for application ``app``: ``<app>-<name>-changelog`` or ``-repartition``."""
-    return re.compile(re.escape(app) + r"-.+-(changelog|repartition)")
+    """The topics a stream-processing library makes for application ``app`` (the job's consumer group).
+
+    Kafka Streams' ``<app>-<name>-changelog`` or ``-repartition``; quixstreams' ``changelog__<app>--<topic>--<store>``
+    or ``repartition__<app>--...``.
+    """
+    name = re.escape(app)
+    return re.compile(rf"{name}-.+-(changelog|repartition)|(changelog|repartition)__{name}--.+")
 
 
 @dataclass(frozen=True)
@@ -168,8 +173,9 @@ def delete_topics(
     """Delete a run's topics; return their names.
 
     They are every topic whose name starts with ``prefix``, the run's ``output_topic`` if there is one, and
-    the internal topics of each Kafka Streams application in ``streams_apps`` (a job's ``application.id``,
-    its lag group): its state stores' changelogs, which a later run of the same application would restore.
+    the internal topics of each stream-processing application in ``streams_apps`` (a Kafka Streams job's
+    ``application.id`` or a quixstreams job's consumer group: its lag group): its state stores' changelogs,
+    which a later run of the same application would restore.
 
     Raises
     ------

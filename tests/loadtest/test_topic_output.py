@@ -197,8 +197,14 @@ def test_cleanup_deletes_the_output_topic_and_the_streams_app_s_internal_topics(
 ) -> None:
     prefix = unique_prefix()
     app = f"app-{uuid.uuid4().hex[:6]}"
-    mine = [f"{prefix}0001", output_topic(prefix), f"{app}-sessions-changelog"]
-    others = [f"{app}-orders", f"{app}x-sessions-changelog"]
+    # Kafka Streams' internal topics, and quixstreams' (its consumer group in the role of application.id).
+    mine = [
+        f"{prefix}0001",
+        output_topic(prefix),
+        f"{app}-sessions-changelog",
+        f"changelog__{app}--{prefix}0001--default",
+    ]
+    others = [f"{app}-orders", f"{app}x-sessions-changelog", f"changelog__{app}x--{prefix}0001--default"]
     for name in mine + others:
         create_output_topic(kafka, name)
 
@@ -209,6 +215,7 @@ def test_cleanup_deletes_the_output_topic_and_the_streams_app_s_internal_topics(
     assert set(others) <= left
     delete_topics(kafka, f"{app}-orders")
     delete_topics(kafka, f"{app}x-")
+    delete_topics(kafka, f"changelog__{app}x--")
 
 
 def test_a_plain_consumer_writing_its_table_to_the_run_s_topic_passes_smoke(
