@@ -13,7 +13,7 @@ SPARK_DEFAULTS := $(VENV)/jars/spark-defaults.installed
 QUIX_VENV := build/quixstreams-venv
 
 .DEFAULT_GOAL := help
-.PHONY: help setup demo test test-fast test-slow lint typecheck unit bench nightly clean quixstreams-venv
+.PHONY: help setup demo test test-fast test-slow lint typecheck unit bench nightly clean quixstreams-venv kafka-streams-job
 
 help: ## Show this help
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-10s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -74,6 +74,13 @@ $(QUIX_VENV)/.installed:
 	@touch $@
 
 quixstreams-venv: $(QUIX_VENV)/.installed ## A virtualenv of its own for the quixstreams example (build/quixstreams-venv)
+
+STREAMS_JAR := examples/kafka-streams/target/sotw-streams-job.jar
+
+$(STREAMS_JAR): examples/kafka-streams/pom.xml $(shell find examples/kafka-streams/src -type f)
+	cd examples/kafka-streams && (mvn -o -q -B -Dstyle.color=never package || mvn -q -B -Dstyle.color=never package)
+
+kafka-streams-job: $(STREAMS_JAR) ## The Kafka Streams example's jar, built by Maven (offline when ~/.m2 has all it needs)
 
 clean: ## Remove the virtualenv and run outputs
 	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache

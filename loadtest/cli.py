@@ -155,6 +155,11 @@ def _drill_parser() -> argparse.ArgumentParser:
     return p
 
 
+def parser(command: str) -> argparse.ArgumentParser:
+    """The argument parser of ``sotw run``, ``bench``, ``capacity`` or ``drill``."""
+    return _drill_parser() if command == "drill" else _parser(command)
+
+
 def list_drills() -> str:
     """The shipped drills, one line each."""
     lines = []

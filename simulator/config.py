@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any
 
 from sotw.errors import SotwError
 from sotw.kafka import setting_text
+from sotw.tomlfile import read_toml
 
 
 class SimulatorError(SotwError):
@@ -368,12 +368,7 @@ def load_scenario(path: Path | str, profile: str | None = None) -> SimulatorConf
         If the file cannot be read or parsed, the profile does not exist, or a setting is unknown or invalid.
     """
     path = Path(path)
-    try:
-        doc = tomllib.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise SimulatorError(f"cannot read scenario {path}: {exc.strerror}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise SimulatorError(f"scenario {path} is not valid TOML: {exc}") from None
+    doc = read_toml(path, "scenario", SimulatorError)
     profiles = {
         name: _table(_table(table, f"profiles.{name}").get("simulator", {}), f"profiles.{name}.simulator")
         for name, table in _table(doc.pop("profiles", {}), "profiles").items()

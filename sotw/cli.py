@@ -28,6 +28,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "loadtest.reports.compare",
         "two results files (or nightly entries) side by side, B judged against A",
     ),
+    "compare-engines": (
+        "loadtest.engines.compare",
+        "each engine's job through the same runs and drills, one table (docs/engines.md)",
+    ),
     "nightly": (
         "loadtest.regressions.nightly",
         "the benchmark set, its history, the regression check and the trend page",
@@ -48,7 +52,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 def usage() -> str:
     """The top-level help text."""
     lines = ["usage: sotw COMMAND [options]   (sotw COMMAND --help for its options)", "", "commands:"]
-    lines += [f"  {name:<10} {text}" for name, (_, text) in COMMANDS.items()]
+    lines += [f"  {name:<16} {text}" for name, (_, text) in COMMANDS.items()]
     return "\n".join(lines)
 
 

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import math
 import re
-import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
@@ -47,6 +46,7 @@ from loadtest.reports.results import VERDICTS, Correctness, DrillCheck, DrillSco
 from sotw.broker.local import check_broker
 from sotw.broker.security import security_mode
 from sotw.errors import BrokerError
+from sotw.tomlfile import read_toml
 
 
 @dataclass(frozen=True)
@@ -376,12 +376,7 @@ def load_drill(name_or_path: str) -> Drill:
                 f"no shipped drill {name_or_path!r} (`sotw drill --list` shows them; or give a drill file's path)"
             )
         path = found
-    try:
-        doc = tomllib.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise HarnessError(f"cannot read drill {path}: {exc.strerror}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise HarnessError(f"drill {path} is not valid TOML: {exc}") from None
+    doc = read_toml(path, "drill", HarnessError)
     return drill_from_mapping(path.stem, doc, path)
 
 

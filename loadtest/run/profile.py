@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
@@ -43,6 +42,7 @@ from pipeline.errors import ConfigError
 from pipeline.policies import PolicyConfig
 from simulator.config import FaultConfig, SimulatorConfig, known_settings
 from sotw.errors import SotwError
+from sotw.tomlfile import read_toml
 
 _FACTOR = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*x?\s*$", re.IGNORECASE)
 
@@ -414,12 +414,7 @@ def default_scenario() -> Path:
 def load_profile(name: str = "baseline", path: Path | None = None) -> Profile:
     """Read profile ``name`` from ``path`` (default: the shipped ``scenarios.toml``)."""
     path = path or default_scenario()
-    try:
-        doc = tomllib.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise HarnessError(f"cannot read scenario {path}: {exc.strerror}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise HarnessError(f"scenario {path} is not valid TOML: {exc}") from None
+    doc = read_toml(path, "scenario", HarnessError)
     profiles = doc.get("profiles", {})
     if name not in profiles:
         raise HarnessError(

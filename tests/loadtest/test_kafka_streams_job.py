@@ -31,17 +31,8 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def streams_jar() -> Path:
-    """The example's jar, built by Maven (offline first: a warm ``~/.m2`` needs no network)."""
-    for offline in (["-o"], []):  # online only when ~/.m2 lacks something
-        done = subprocess.run(
-            ["mvn", *offline, "-q", "-B", "-Dstyle.color=never", "package"],
-            cwd=EXAMPLE,
-            capture_output=True,
-            text=True,
-            timeout=900,
-        )
-        if done.returncode == 0:
-            break
+    """The example's jar, built by ``make kafka-streams-job`` (offline first: a warm ``~/.m2`` needs no network)."""
+    done = subprocess.run(["make", "kafka-streams-job"], cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0 and JAR.is_file(), (done.stdout + done.stderr)[-3000:]
     return JAR
 

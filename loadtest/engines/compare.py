@@ -1,0 +1,174 @@
+"""``sotw compare-engines``: each engine's job through the same runs and drills, and the table that puts them side by side.
+
+A team choosing an engine, or defending one, wants the same load, the same faults and the same verdict for
+each candidate. Each engine (``loadtest/engines/engines.toml``, or a file of the team's own) runs the profile
+at each load, then each drill, then optionally a capacity search, each as the ``sotw`` command a user would
+type with the engine's options. Everything the comparison checks (the engines file, each engine's options
+against each command's parser, the drills, the loads) is checked before the first run, so a typo costs
+seconds, not the hour the runs take.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import html
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from loadtest.engines.catalog import SHIPPED, check_args, choose, load_engines
+from loadtest.engines.steps import Plan, run_all
+from loadtest.engines.table import as_json, chart, engine_rows, headline, runs_table
+from loadtest.gameday.drills import load_drill
+from loadtest.reports.pages import CSS, html_table, md_table
+from loadtest.run.profile import load_profile, parse_load
+
+#: The drills each engine runs unless others are named: its own process killed, and the broker restarted under it.
+DRILLS = ("pipeline-kill-1x", "broker-restart")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``sotw compare-engines`` argument parser."""
+    p = argparse.ArgumentParser(
+        prog="sotw compare-engines",
+        description="Each engine's job through the same runs (the profile at each load), drills and, with "
+        "--capacity, a capacity search; one table side by side: verdicts, rows wrong, recovery, end-to-end p99, "
+        "the highest rate sustained, CPU and memory per message (docs/engines.md). Exit 0 only if every run "
+        "PASSes.",
+    )
+    p.add_argument(
+        "--engines",
+        type=Path,
+        default=SHIPPED,
+        help="engines file (default: the shipped one, docs/engines.md)",
+    )
+    p.add_argument(
+        "--engine",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="compare only this engine of the file (repeatable; default all)",
+    )
+    p.add_argument(
+        "--profile", default="baseline", help="profile of the runs and the capacity search (baseline)"
+    )
+    p.add_argument(
+        "--scenario",
+        type=Path,
+        default=None,
+        help="scenario TOML of the profile (default: the shipped scenarios.toml)",
+    )
+    p.add_argument(
+        "--load",
+        action="append",
+        default=[],
+        metavar="LOAD",
+        help="a run at this load (repeatable; default 1x and 10x)",
+    )
+    p.add_argument(
+        "--drill",
+        action="append",
+        default=[],
+        metavar="DRILL",
+        help="a drill each engine runs: a shipped drill's name or a drill file (repeatable; default pipeline-kill-1x "
+        "and broker-restart)",
+    )
+    p.add_argument("--no-drills", action="store_true", help="run no drill")
+    p.add_argument(
+        "--capacity",
+        action="store_true",
+        help="also search each engine's highest sustained rate (sotw capacity)",
+    )
+    p.add_argument(
+        "--budget",
+        type=float,
+        default=240.0,
+        help="seconds of each capacity search (240, as sotw capacity's)",
+    )
+    p.add_argument(
+        "--limit",
+        type=float,
+        default=1800.0,
+        help="seconds a run may take before it is stopped as hung (1800)",
+    )
+    p.add_argument("--run-dir", type=Path, default=None, help="where to write (default runs/engines-<time>)")
+    p.add_argument("--list", action="store_true", help="list the engines of the file and exit")
+    return p
+
+
+def _say(message: str) -> None:
+    print(message, flush=True)
+
+
+def _page(title: str, tables: Sequence[tuple[str, str]], png: bytes | None) -> str:
+    parts = [f"<!doctype html><meta charset='utf-8'><title>{html.escape(title)}</title><style>{CSS}</style>"]
+    parts.append(f"<h1>{html.escape(title)}</h1>")
+    if png is not None:
+        parts.append(
+            f"<img alt='end-to-end p99 and CPU per message' src='data:image/png;base64,{base64.b64encode(png).decode()}'>"
+        )
+    parts += [f"<h2>{html.escape(name)}</h2>{table}" for name, table in tables]
+    return "\n".join(parts) + "\n"
+
+
+def main(argv: Sequence[str]) -> int:
+    """Run the comparison; print the table and where the pages are. Exit 0 only if every run PASSed."""
+    args = build_parser().parse_args(list(argv))
+    engines = load_engines(args.engines.resolve())
+    if args.list:
+        for e in engines:
+            print(f"  {e.name:<18} {e.description}")
+        return 0
+    engines = choose(engines, args.engine)
+    loads = tuple(args.load or ["1x", "10x"])
+    for load in loads:
+        parse_load(load)
+    drills = () if args.no_drills else tuple(args.drill or DRILLS)
+    for drill in drills:
+        load_drill(drill)
+    scenario = args.scenario.resolve() if args.scenario else None
+    load_profile(args.profile, scenario)  # a profile the file lacks is named now, not at the first run
+    plan = Plan(args.profile, scenario, loads, drills, args.capacity, args.budget, args.limit)
+    for engine in engines:
+        check_args(engine, plan.commands())
+    out_dir = (args.run_dir or Path("runs") / f"engines-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    runs = len(loads) + len(drills) + int(args.capacity)
+    _say(f"compare-engines: {len(engines)} engines x {runs} runs into {out_dir}")
+
+    outcomes, left_out = run_all(engines, plan, out_dir, _say)
+
+    rows = engine_rows(engines, outcomes, left_out)
+    drill_names = tuple(Path(d).stem if Path(d).suffix else d for d in drills)
+    table = headline(rows, loads, drills)
+    per_run = runs_table(outcomes)
+    png = chart(rows, loads)
+    (out_dir / "engines.json").write_text(
+        json.dumps(as_json(rows, left_out), indent=2) + "\n", encoding="utf-8"
+    )
+    notes = "".join(f"\n- {name} was left out: {why}" for name, why in left_out.items())
+    (out_dir / "engines.md").write_text(
+        f"# Engines compared: profile {args.profile}\n\n{md_table(table)}{notes}\n\n## Each run\n\n{md_table(per_run)}",
+        encoding="utf-8",
+    )
+    if png is not None:
+        (out_dir / "engines.png").write_bytes(png)
+    (out_dir / "engines.html").write_text(
+        _page(
+            f"Engines compared: profile {args.profile}, drills {', '.join(drill_names) or 'none'}",
+            [("Side by side", html_table(table)), ("Each run", html_table(per_run))],
+            png,
+        ),
+        encoding="utf-8",
+    )
+    print()
+    print(md_table(table) + notes)
+    print(
+        f"\npage: {out_dir / 'engines.html'}\ntable: {out_dir / 'engines.md'}\ndata: {out_dir / 'engines.json'}"
+    )
+    passed = not left_out and all(
+        o.results is not None and o.results.verdict.verdict == "PASS" for o in outcomes
+    )
+    return 0 if passed else 1

@@ -1,0 +1,177 @@
+"""The runs each engine gets (a run per load, each drill, a capacity search), each a ``sotw`` command of its own.
+
+Each run is the command a user would type, started as a process of its own with its own local broker: every
+engine meets the same fresh cluster, no engine's topics or consumer groups are left for the next, and each
+run's SparkSession (or JVM, or Python process) is its own, as the one-session-per-process rule needs.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from loadtest.engines.catalog import Engine
+from loadtest.errors import HarnessError
+from loadtest.reports.results import Results
+from sotw.processgroup import ProcessGroup, stop_process
+
+#: sotw's own directory: the engines' commands (``prepare``, the job's template) run from it.
+ROOT = Path(__file__).resolve().parents[2]
+#: How long a stopped command gets to end after SIGTERM before it is killed.
+STOP_GRACE_S = 30.0
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What every engine is put through: the profile's runs at each load, the drills, optionally a capacity search."""
+
+    profile: str = "baseline"
+    scenario: Path | None = None
+    loads: tuple[str, ...] = ("1x", "10x")
+    drills: tuple[str, ...] = ("pipeline-kill-1x", "broker-restart")
+    capacity: bool = False
+    capacity_budget_s: float = 240.0
+    limit_s: float = 1800.0
+
+    def commands(self) -> tuple[str, ...]:
+        """The sotw commands the plan gives an engine's args to."""
+        return ("run", *(["drill"] if self.drills else []), *(["capacity"] if self.capacity else []))
+
+
+@dataclass(frozen=True)
+class Step:
+    """One run of one engine: ``kind`` run, drill or capacity; ``what`` its load or drill name."""
+
+    engine: Engine
+    kind: str
+    what: str
+    directory: Path
+
+    @property
+    def label(self) -> str:
+        """How the step is named in progress lines and tables: ``run 10x``, ``drill pipeline-kill-1x``."""
+        return self.kind if self.kind == "capacity" else f"{self.kind} {self.what}"
+
+    def argv(self, plan: Plan) -> list[str]:
+        """The ``sotw`` command line of the step (this interpreter's sotw)."""
+        sotw = [sys.executable, "-m", "sotw", self.kind]
+        where = ["--run-dir", str(self.directory), "-q"]
+        if self.kind == "drill":  # a drill names its own profile
+            return [*sotw, self.what, *where, *self.engine.args]
+        profile = ["--profile", plan.profile, *(["--scenario", str(plan.scenario)] if plan.scenario else [])]
+        if self.kind == "run":
+            return [*sotw, *profile, "--load", self.what, *where, *self.engine.args]
+        budget = ["--budget", f"{plan.capacity_budget_s:g}"]
+        return [*sotw, *profile, *budget, *where, *self.engine.args]
+
+
+def steps(engine: Engine, plan: Plan, out_dir: Path) -> list[Step]:
+    """The engine's runs in the order they run, each with its own directory under ``out_dir/ENGINE``."""
+    base = out_dir / engine.name
+    out = [Step(engine, "run", load, base / f"run-{load}") for load in plan.loads]
+    out += [Step(engine, "drill", drill, base / f"drill-{Path(drill).stem}") for drill in plan.drills]
+    if plan.capacity:
+        out.append(Step(engine, "capacity", "", base / "capacity"))
+    return out
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a step came to: its exit code, how long it took, its results (None if it wrote none), its log."""
+
+    step: Step
+    exit_code: int
+    seconds: float
+    results: Results | None
+    log: Path
+
+
+def _spawn(argv: list[str], log: Path, limit_s: float) -> int:
+    """Run ``argv`` from sotw's directory in a process group of its own, output to ``log``; its exit code.
+
+    Past ``limit_s`` it is stopped (SIGTERM, then SIGKILL) and counts as exit 124, as ``timeout(1)`` says.
+    A Ctrl-C stops it the same way before it goes on up.
+    """
+    group = ProcessGroup()
+    try:
+        process = group.spawn(argv, os.environ, log, cwd=ROOT)
+        try:
+            return process.wait(timeout=limit_s)
+        except subprocess.TimeoutExpired:
+            stop_process(process, STOP_GRACE_S)
+            with log.open("a") as out:
+                out.write(f"\ncompare-engines: stopped at the limit of {limit_s:.0f} s\n")
+            return 124
+        except BaseException:
+            stop_process(process, STOP_GRACE_S)
+            raise
+    finally:
+        group.close()
+
+
+def prepare(engine: Engine, out_dir: Path, limit_s: float) -> None:
+    """Build what the engine's job needs (its ``prepare`` command), once, before its first run.
+
+    Raises
+    ------
+    HarnessError
+        If the command fails, naming it and the end of its output.
+    """
+    if not engine.prepare:
+        return
+    log = out_dir / engine.name / "prepare.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    code = _spawn(list(engine.prepare), log, limit_s)
+    if code != 0:
+        tail = log.read_text(encoding="utf-8", errors="replace").strip()[-600:]
+        raise HarnessError(f"engine {engine.name}: `{' '.join(engine.prepare)}` exited {code}: {tail}")
+
+
+def execute(step: Step, plan: Plan) -> Outcome:
+    """Run one step to its end; its results file if it wrote one (a run that crashed may not have)."""
+    step.directory.parent.mkdir(parents=True, exist_ok=True)
+    log = step.directory.parent / f"{step.directory.name}.log"
+    start = time.monotonic()
+    code = _spawn(step.argv(plan), log, plan.limit_s)
+    seconds = time.monotonic() - start
+    found = step.directory / "results.json"
+    results = Results.from_json(found) if found.is_file() else None
+    return Outcome(step, code, seconds, results, log)
+
+
+def run_all(
+    engines: list[Engine], plan: Plan, out_dir: Path, say: Callable[[str], None]
+) -> tuple[list[Outcome], dict[str, str]]:
+    """Every step of every engine, engine by engine; the outcomes and, per engine left out, why.
+
+    An engine whose job cannot be built is left out with the reason, and the others still run.
+    """
+    outcomes: list[Outcome] = []
+    left_out: dict[str, str] = {}
+    planned = {e.name: steps(e, plan, out_dir) for e in engines}
+    total = sum(len(s) for s in planned.values())
+    done = 0
+    for engine in engines:
+        try:
+            prepare(engine, out_dir, plan.limit_s)
+        except HarnessError as exc:
+            left_out[engine.name] = str(exc)
+            say(f"compare-engines: {exc}; {engine.name} is left out")
+            done += len(planned[engine.name])
+            continue
+        for step in planned[engine.name]:
+            done += 1
+            say(f"compare-engines: [{done}/{total}] {engine.name} {step.label} ...")
+            outcome = execute(step, plan)
+            verdict = outcome.results.verdict.verdict if outcome.results else "no results"
+            say(
+                f"compare-engines: [{done}/{total}] {engine.name} {step.label}: {verdict} "
+                f"(exit {outcome.exit_code}, {outcome.seconds:.0f} s, {step.directory})"
+            )
+            outcomes.append(outcome)
+    return outcomes, left_out

@@ -1,0 +1,153 @@
+"""``sotw compare-engines`` as a team choosing an engine runs it: the engines file, the checks before any run, and a comparison where one engine's job has a bug the verdict must name."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from loadtest.engines.catalog import check_args, load_engines
+from loadtest.reports.results import Results
+from sotw.cli import main as sotw_main
+from tests.loadtest.test_own_pipeline import SCENARIO
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_shipped_engines_are_the_spark_pipeline_with_each_source_kafka_streams_and_quixstreams() -> None:
+    engines = load_engines()
+
+    assert [e.name for e in engines] == ["spark-kafka", "spark-sotw-kafka", "kafka-streams", "quixstreams"]
+    for engine in engines:  # each engine's options are options of every command it is given to
+        check_args(engine, ("run", "drill", "capacity"))
+    streams = engines[2]
+    assert streams.prepare == ("make", "kafka-streams-job")
+    assert "group:engines-streams" in streams.args and "--application-id engines-streams" in " ".join(
+        streams.args
+    )
+
+
+def _engines_file(tmp_path: Path, args: str) -> Path:
+    path = tmp_path / "engines.toml"
+    path.write_text(f'[engines.mine]\ndescription = "a team job"\nargs = {args}\n')
+    return path
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (
+            '["--sorce", "spark-kafka"]',
+            "engine mine: its args are not options of sotw run: unrecognized arguments: --sorce",
+        ),
+        ('["--source", "flink"]', "argument --source: invalid choice: 'flink'"),
+        ('["--load", "10x"]', "engine mine: --load is set by sotw compare-engines for every run"),
+        ('"--source spark-kafka"', "engine mine: args must be a list of strings"),
+    ],
+)
+def test_an_engine_whose_options_are_wrong_is_refused_before_any_run_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: str, named: str
+) -> None:
+    engines = _engines_file(tmp_path, args)
+
+    code = sotw_main(["compare-engines", "--engines", str(engines), "--run-dir", str(tmp_path / "out")])
+
+    assert code == 1
+    assert named in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()  # nothing ran
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (
+            ["--engine", "flink"],
+            "no engine 'flink' in the engines file (it has spark-kafka, spark-sotw-kafka,",
+        ),
+        (["--drill", "pipeline-kil-1x"], "no shipped drill 'pipeline-kil-1x'"),
+        (["--profile", "nightly"], "nightly"),
+        (["--load", "ten"], "ten"),
+    ],
+)
+def test_a_wrong_engine_drill_profile_or_load_is_named_before_any_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], named: str
+) -> None:
+    code = sotw_main(["compare-engines", *flags, "--run-dir", str(tmp_path / "out")])
+
+    assert code == 1
+    assert named in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+# The naive job keeps the last message it saw per row: a delayed message or a copy sent again puts an old value back.
+ENGINES = """
+[engines.naive]
+description = "examples/naive_pipeline.py: last write wins"
+args = ["--contract", "tables", "--pipeline-cmd", "{{python}} {naive} --bootstrap {{bootstrap}} --topics {{pattern}} --out {{output}} --checkpoint {{checkpoint}} --trigger-ms {{trigger_ms}}"]
+
+[engines.spark-sotw-kafka]
+description = "sotw's pipeline"
+args = ["--source", "sotw-kafka"]
+"""
+
+
+@pytest.mark.slow  # two engines, each a run with a broker of its own: about 4 minutes
+def test_two_engines_side_by_side_the_one_with_a_bug_fails_with_its_wrong_rows_counted(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "scenario.toml").write_text(SCENARIO.format(name="reorder", rate=0.05))  # reordering faults
+    (tmp_path / "engines.toml").write_text(ENGINES.format(naive=ROOT / "examples" / "naive_pipeline.py"))
+    out = tmp_path / "compared"
+    argv = [sys.executable, "-m", "sotw", "compare-engines", "--engines", str(tmp_path / "engines.toml")]
+    argv += [
+        "--scenario",
+        str(tmp_path / "scenario.toml"),
+        "--profile",
+        "reorder",
+        "--load",
+        "1x",
+        "--no-drills",
+    ]
+    done = subprocess.run(
+        [*argv, "--run-dir", str(out)], capture_output=True, text=True, timeout=1200, cwd=tmp_path
+    )
+
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]  # not every engine PASSed
+    assert "[1/2] naive run 1x: FAIL" in done.stdout and "[2/2] spark-sotw-kafka run 1x: PASS" in done.stdout
+    naive = Results.from_json(out / "naive" / "run-1x" / "results.json")
+    c = naive.correctness
+    assert c is not None and c.rows_wrong > 0
+    data = json.loads((out / "engines.json").read_text())
+    runs = {e["engine"]: e["runs"][0] for e in data["engines"]}
+    assert runs["naive"]["verdict"] == "FAIL" and runs["naive"]["rows_wrong"] >= c.rows_wrong
+    assert runs["spark-sotw-kafka"]["verdict"] == "PASS" and runs["spark-sotw-kafka"]["rows_wrong"] == 0
+    assert (
+        runs["spark-sotw-kafka"]["cpu_us_per_message"] > 0 and runs["spark-sotw-kafka"]["peak_rss_mb"] > 100
+    )
+    table = (out / "engines.md").read_text()
+    assert "| naive | FAIL |" in table and "| spark-sotw-kafka | PASS | 0 |" in table
+    assert (out / "engines.png").read_bytes().startswith(b"\x89PNG")
+    assert "data:image/png;base64," in (out / "engines.html").read_text()
+
+
+@pytest.mark.slow  # the baseline profile at 1x and 10x and two drills: about 15 minutes per engine
+@pytest.mark.parametrize("engine", ["kafka-streams", "quixstreams"])
+def test_each_example_job_passes_baseline_at_1x_and_10x_a_pipeline_kill_and_a_broker_restart(
+    tmp_path: Path, engine: str
+) -> None:
+    out = tmp_path / "compared"
+    argv = [sys.executable, "-m", "sotw", "compare-engines", "--engine", engine, "--run-dir", str(out)]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=3600, cwd=ROOT)
+
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    runs = json.loads((out / "engines.json").read_text())["engines"][0]["runs"]
+    assert [(r["run"], r["verdict"], r["rows_wrong"]) for r in runs] == [
+        ("run 1x", "PASS", 0),
+        ("run 10x", "PASS", 0),
+        ("drill pipeline-kill-1x", "PASS", 0),
+        ("drill broker-restart", "PASS", 0),
+    ]
+    assert all(s is not None for r in runs[2:] for s in r["recover_s"])  # back to normal after each incident
