@@ -20,8 +20,15 @@ from sotw.tomlfile import read_toml
 #: The engines file shipped with sotw: its Spark pipeline with each source, Kafka Streams and quixstreams.
 SHIPPED = Path(__file__).with_name("engines.toml")
 
-#: Options the comparison sets for every run itself, so an engine may not.
-OWNED = ("--profile", "--scenario", "--load", "--run-dir", "--bootstrap", "--attach")
+#: Options the comparison sets for every run itself, so an engine may not (by their argparse names).
+OWNED = {
+    "profile": "--profile",
+    "scenario": "--scenario",
+    "load": "--load",
+    "run_dir": "--run-dir",
+    "bootstrap": "--bootstrap",
+    "attach": "--attach",
+}
 
 
 @dataclass(frozen=True)
@@ -34,13 +41,9 @@ class Engine:
     prepare: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        if not self.name or any(c.isspace() or c == "/" for c in self.name):
-            raise HarnessError(f"engine name {self.name!r}: give a name without spaces or '/'")
-        owned = [a for a in self.args if a.split("=")[0] in OWNED]
-        if owned:
+        if self.name in ("", ".", "..") or any(c.isspace() or c == "/" for c in self.name):
             raise HarnessError(
-                f"engine {self.name}: {owned[0]} is set by sotw compare-engines for every run; "
-                "leave it out of the engine's args"
+                f"engine name {self.name!r}: give a name without spaces or '/' (its directory's)"
             )
 
 
@@ -52,19 +55,35 @@ def _refuse(engine: str, command: str) -> Any:
 
 
 def check_args(engine: Engine, commands: Sequence[str]) -> None:
-    """Parse the engine's args with the parser of each command it will be given to.
+    """Parse the engine's args with the parser of each command it will be given to, and make its job of them.
+
+    The parsed options are compared with the defaults, so an option the comparison owns is refused however it
+    is spelt (argparse takes ``--run`` for ``--run-dir``), and the job is made as a run makes it, so a
+    template's unknown placeholder is named now rather than at the engine's first run.
 
     Raises
     ------
     HarnessError
-        Naming the engine, the command and argparse's complaint (an unknown option, a bad choice).
+        Naming the engine, the command and what is wrong (an unknown option, a bad choice, a bad template).
     """
     from loadtest.cli import parser
+    from loadtest.run.jobargs import job_from_args
 
     for command in commands:
         p: argparse.ArgumentParser = parser(command)
         p.error = _refuse(engine.name, command)  # type: ignore[method-assign]
-        p.parse_args(["pipeline-kill-1x", *engine.args] if command == "drill" else list(engine.args))
+        first = ["pipeline-kill-1x"] if command == "drill" else []
+        given, default = p.parse_args([*first, *engine.args]), p.parse_args(first)
+        for dest, flag in OWNED.items():
+            if getattr(given, dest, None) != getattr(default, dest, None):
+                raise HarnessError(
+                    f"engine {engine.name}: {flag} is set by sotw compare-engines for every run; "
+                    "leave it out of the engine's args"
+                )
+        try:
+            job_from_args(given)
+        except HarnessError as exc:
+            raise HarnessError(f"engine {engine.name}: {exc}") from None
 
 
 def _strings(engine: str, key: str, value: Any) -> tuple[str, ...]:
@@ -77,6 +96,10 @@ def _strings(engine: str, key: str, value: Any) -> tuple[str, ...]:
 
 def engine_from_mapping(name: str, doc: Mapping[str, Any]) -> Engine:
     """One ``[engines.NAME]`` table as an ``Engine``; unknown keys are refused by name."""
+    if not isinstance(doc, dict):
+        raise HarnessError(
+            f"engine {name}: give it as a table, [engines.{name}], with args (and description, prepare)"
+        )
     unknown = sorted(set(doc) - {"description", "args", "prepare"})
     if unknown:
         raise HarnessError(f"engine {name}: unknown key {unknown[0]!r} (description, args, prepare)")

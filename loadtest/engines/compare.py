@@ -14,6 +14,7 @@ import argparse
 import base64
 import html
 import json
+import signal
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,6 +22,7 @@ from pathlib import Path
 from loadtest.engines.catalog import SHIPPED, check_args, choose, load_engines
 from loadtest.engines.steps import Plan, run_all
 from loadtest.engines.table import as_json, chart, engine_rows, headline, runs_table
+from loadtest.errors import HarnessError
 from loadtest.gameday.drills import load_drill
 from loadtest.reports.pages import CSS, html_table, md_table
 from loadtest.run.profile import load_profile, parse_load
@@ -98,6 +100,24 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _once(what: str, values: Sequence[str]) -> tuple[str, ...]:
+    """The values in order; one given twice is refused (its runs would share a directory)."""
+    twice = [v for i, v in enumerate(values) if v in values[:i]]
+    if twice:
+        raise HarnessError(f"{what}: {twice[0]} is given twice")
+    return tuple(values)
+
+
+def _drill(name_or_path: str) -> str:
+    """A shipped drill's name as given, a drill file as its absolute path (the runs start in sotw's directory)."""
+    load_drill(name_or_path)
+    return str(Path(name_or_path).resolve()) if Path(name_or_path).suffix else name_or_path
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def _say(message: str) -> None:
     print(message, flush=True)
 
@@ -122,45 +142,46 @@ def main(argv: Sequence[str]) -> int:
             print(f"  {e.name:<18} {e.description}")
         return 0
     engines = choose(engines, args.engine)
-    loads = tuple(args.load or ["1x", "10x"])
+    loads = _once("--load", args.load or ["1x", "10x"])
     for load in loads:
         parse_load(load)
-    drills = () if args.no_drills else tuple(args.drill or DRILLS)
-    for drill in drills:
-        load_drill(drill)
+    drills = () if args.no_drills else _once("--drill", [_drill(d) for d in args.drill or DRILLS])
+    _once("drill file names", [Path(d).stem for d in drills])  # each drill's directory is named after it
     scenario = args.scenario.resolve() if args.scenario else None
     load_profile(args.profile, scenario)  # a profile the file lacks is named now, not at the first run
     plan = Plan(args.profile, scenario, loads, drills, args.capacity, args.budget, args.limit)
     for engine in engines:
         check_args(engine, plan.commands())
     out_dir = (args.run_dir or Path("runs") / f"engines-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
+    if out_dir.exists() and any(out_dir.iterdir()):
+        raise HarnessError(f"{out_dir} is not empty (an earlier comparison's?): give a new --run-dir")
     out_dir.mkdir(parents=True, exist_ok=True)
     runs = len(loads) + len(drills) + int(args.capacity)
     _say(f"compare-engines: {len(engines)} engines x {runs} runs into {out_dir}")
 
-    outcomes, left_out = run_all(engines, plan, out_dir, _say)
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        found = run_all(engines, plan, out_dir, _say)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
-    rows = engine_rows(engines, outcomes, left_out)
-    drill_names = tuple(Path(d).stem if Path(d).suffix else d for d in drills)
+    rows = engine_rows(engines, found.outcomes, found.left_out)
     table = headline(rows, loads, drills)
-    per_run = runs_table(outcomes)
+    per_run = runs_table(found.outcomes)
     png = chart(rows, loads)
-    (out_dir / "engines.json").write_text(
-        json.dumps(as_json(rows, left_out), indent=2) + "\n", encoding="utf-8"
-    )
-    notes = "".join(f"\n- {name} was left out: {why}" for name, why in left_out.items())
+    data = as_json(rows, found.left_out)
+    (out_dir / "engines.json").write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    notes = "".join(f"\n- {name} was left out: {why}" for name, why in found.left_out.items())
+    if found.interrupted:
+        notes += "\n- interrupted: the runs after the last one listed did not run"
+    title = f"Engines compared: profile {args.profile}"
     (out_dir / "engines.md").write_text(
-        f"# Engines compared: profile {args.profile}\n\n{md_table(table)}{notes}\n\n## Each run\n\n{md_table(per_run)}",
-        encoding="utf-8",
+        f"# {title}\n\n{md_table(table)}{notes}\n\n## Each run\n\n{md_table(per_run)}", encoding="utf-8"
     )
     if png is not None:
         (out_dir / "engines.png").write_bytes(png)
     (out_dir / "engines.html").write_text(
-        _page(
-            f"Engines compared: profile {args.profile}, drills {', '.join(drill_names) or 'none'}",
-            [("Side by side", html_table(table)), ("Each run", html_table(per_run))],
-            png,
-        ),
+        _page(title, [("Side by side", html_table(table)), ("Each run", html_table(per_run))], png),
         encoding="utf-8",
     )
     print()
@@ -168,7 +189,7 @@ def main(argv: Sequence[str]) -> int:
     print(
         f"\npage: {out_dir / 'engines.html'}\ntable: {out_dir / 'engines.md'}\ndata: {out_dir / 'engines.json'}"
     )
-    passed = not left_out and all(
-        o.results is not None and o.results.verdict.verdict == "PASS" for o in outcomes
-    )
+    if found.interrupted:
+        return 130
+    passed = not found.left_out and all(o.passed for o in found.outcomes)
     return 0 if passed else 1

@@ -17,7 +17,7 @@ from typing import Any
 from matplotlib.figure import Figure
 
 from loadtest.engines.catalog import Engine
-from loadtest.engines.steps import Outcome
+from loadtest.engines.steps import Outcome, drill_name, verdict_of
 from loadtest.reports.display import RUN_COLOURS, fmt
 from loadtest.reports.pages import Table, png_bytes
 from loadtest.reports.results import Results
@@ -68,15 +68,11 @@ class EngineRow:
     left_out: str = ""
 
     def verdict(self, label: str) -> str:
-        """The step's verdict, or why it has none."""
+        """The step's verdict (a drill's scorecard's), or why it has none."""
         found = self._outcome(label)
         if self.left_out:
             return "not run"
-        if found is None:
-            return "-"
-        if found.results is None:
-            return f"no results (exit {found.exit_code})"
-        return found.results.verdict.verdict
+        return "-" if found is None else found.verdict
 
     def _outcome(self, label: str) -> Outcome | None:
         return next((o for o in self.outcomes if o.step.label == label), None)
@@ -97,12 +93,30 @@ class EngineRow:
         return sum(rows_wrong(r) for r in self.all_results)
 
     @property
+    def rows_wrong_text(self) -> str:
+        """Rows wrong, saying over how many runs when some wrote no results."""
+        if not self.all_results:
+            return "-"
+        counted = fmt(self.rows_wrong)
+        if len(self.all_results) < len(self.outcomes):
+            return f"{counted} (in {len(self.all_results)} of {len(self.outcomes)} runs)"
+        return counted
+
+    @property
     def max_rate(self) -> float:
-        """The capacity search's highest sustained rate in msg/s (NaN without one)."""
+        """The capacity search's highest sustained rate in msg/s (NaN without one, or one that did not PASS)."""
         found = self.results("capacity")
-        if found is None or found.capacity is None:
+        if found is None or found.capacity is None or found.verdict.verdict != "PASS":
             return math.nan
         return found.capacity.max_sustained_rate
+
+    @property
+    def max_rate_text(self) -> str:
+        """The highest sustained rate, or the capacity search's verdict when it found none to trust."""
+        found = self._outcome("capacity")
+        if found is None:
+            return "-"
+        return fmt(self.max_rate, "msg/s") if math.isfinite(self.max_rate) else f"none ({found.verdict})"
 
     @property
     def peak_rss_mb(self) -> float:
@@ -142,7 +156,7 @@ def headline(rows: Sequence[EngineRow], loads: Sequence[str], drills: Sequence[s
     loads_text = " / ".join(loads)
     head = ["engine", *(f"run {load}" for load in loads)]
     for drill in drills:
-        head += [f"drill {drill}", "recovery"]
+        head += [f"drill {drill_name(drill)}", f"{drill_name(drill)} recovery"]
     head += [
         "rows wrong",
         f"end-to-end p99 {loads_text}",
@@ -154,12 +168,12 @@ def headline(rows: Sequence[EngineRow], loads: Sequence[str], drills: Sequence[s
     for row in rows:
         cells = [row.engine.name, *(row.verdict(f"run {load}") for load in loads)]
         for drill in drills:
-            label = f"drill {drill}"
+            label = f"drill {drill_name(drill)}"
             cells += [row.verdict(label), _recovery_text(row.results(label))]
         cells += [
-            fmt(row.rows_wrong) if row.all_results else "-",
+            row.rows_wrong_text,
             _per_load(row, loads, end_to_end_p99_s, "s"),
-            fmt(row.max_rate, "msg/s"),
+            row.max_rate_text,
             _per_load(row, loads, cpu_us_per_message, "µs"),
             fmt(row.peak_rss_mb, "MB"),
         ]
@@ -180,7 +194,7 @@ def runs_table(outcomes: Sequence[Outcome]) -> Table:
             [
                 o.step.engine.name,
                 o.step.label,
-                r.verdict.verdict if r else "no results",
+                o.verdict,
                 str(o.exit_code),
                 fmt(round(o.seconds), "s"),
                 fmt(rows_wrong(r)) if r else "-",
@@ -212,7 +226,8 @@ def as_json(rows: Sequence[EngineRow], left_out: dict[str, str]) -> dict[str, An
                     "directory": str(o.step.directory),
                     "exit_code": o.exit_code,
                     "seconds": round(o.seconds, 1),
-                    "verdict": r.verdict.verdict if r else None,
+                    "verdict": verdict_of(r) if r else None,
+                    "problem": o.problem or None,
                     "rows_wrong": rows_wrong(r) if r else None,
                     "recover_s": [number(s) for s in recoveries(r)] if r else [],
                     "end_to_end_p99_s": number(end_to_end_p99_s(r)) if r else None,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -9,9 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from loadtest.engines.catalog import check_args, load_engines
-from loadtest.reports.results import Results
+from loadtest.engines.catalog import Engine, check_args, load_engines
+from loadtest.engines.steps import Outcome, Plan, steps
+from loadtest.engines.table import engine_rows, headline
+from loadtest.reports.results import DrillCheck, DrillScore, Figure, IncidentResult, ResourceUsage, Results
 from sotw.cli import main as sotw_main
+from tests.loadtest.sample_results import sample_results
 from tests.loadtest.test_own_pipeline import SCENARIO
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,6 +50,14 @@ def _engines_file(tmp_path: Path, args: str) -> Path:
         ('["--source", "flink"]', "argument --source: invalid choice: 'flink'"),
         ('["--load", "10x"]', "engine mine: --load is set by sotw compare-engines for every run"),
         ('"--source spark-kafka"', "engine mine: args must be a list of strings"),
+        (
+            '["--run", "/tmp/x"]',
+            "engine mine: --run-dir is set by sotw compare-engines",
+        ),  # argparse's abbreviation
+        (
+            '["--pipeline-cmd", "job --out {output} --ckpt {ckpt}"]',
+            "engine mine: --pipeline-cmd uses an unknown placeholder {ckpt}",
+        ),
     ],
 )
 def test_an_engine_whose_options_are_wrong_is_refused_before_any_run_naming_it(
@@ -70,6 +82,7 @@ def test_an_engine_whose_options_are_wrong_is_refused_before_any_run_naming_it(
         (["--drill", "pipeline-kil-1x"], "no shipped drill 'pipeline-kil-1x'"),
         (["--profile", "nightly"], "nightly"),
         (["--load", "ten"], "ten"),
+        (["--load", "1x", "--load", "1x"], "--load: 1x is given twice"),
     ],
 )
 def test_a_wrong_engine_drill_profile_or_load_is_named_before_any_run(
@@ -80,6 +93,16 @@ def test_a_wrong_engine_drill_profile_or_load_is_named_before_any_run(
     assert code == 1
     assert named in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_run_directory_already_used_is_refused_so_no_old_results_are_read_as_new(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "spark-kafka" / "run-1x").mkdir(parents=True)
+    (tmp_path / "spark-kafka" / "run-1x" / "results.json").write_text("{}")
+
+    assert sotw_main(["compare-engines", "--run-dir", str(tmp_path)]) == 1
+    assert "is not empty (an earlier comparison's?): give a new --run-dir" in capsys.readouterr().err
 
 
 # The naive job keeps the last message it saw per row: a delayed message or a copy sent again puts an old value back.
@@ -151,3 +174,43 @@ def test_each_example_job_passes_baseline_at_1x_and_10x_a_pipeline_kill_and_a_br
         ("drill broker-restart", "PASS", 0),
     ]
     assert all(s is not None for r in runs[2:] for s in r["recover_s"])  # back to normal after each incident
+
+
+def _results(verdict: str = "PASS", **changes: object) -> Results:
+    """A 1x run's results whose job used 150 % of a core to consume 2,000 msg/s, peaking at 900 MB."""
+    base = sample_results(1.0, passed=verdict == "PASS")
+    summary = [*base.summary, Figure("consumed_rate", "steady", 2000.0, "msg/s")]
+    resources = [ResourceUsage("pipeline", 150.0, 190.0, 800.0, 900.0)]
+    return dataclasses.replace(base, summary=summary, resources=resources, **changes)  # type: ignore[arg-type]
+
+
+def test_the_table_reads_each_engines_verdicts_rows_wrong_recovery_p99_cpu_and_memory_from_its_runs(
+    tmp_path: Path,
+) -> None:
+    fast, broken = Engine("fast", "", ()), Engine("broken", "", ())
+    plan = Plan(loads=("1x",), drills=("pipeline-kill-1x",), capacity=True)
+    kill = IncidentResult("pipeline_kill", "pipeline_kill", 0, 1, recover_s=12.5)
+    unmet = DrillScore("pipeline-kill-1x", "", [DrillCheck("recover_s", "<= 10 s", "12.5 s", False)], False)
+    fast_steps = steps(fast, plan, tmp_path)
+    outcomes = [
+        Outcome(fast_steps[0], 0, 100.0, _results(), tmp_path),
+        # The run's own verdict is PASS, but the drill's scorecard has an expectation unmet: the drill FAILs.
+        Outcome(fast_steps[1], 1, 100.0, _results(incidents=[kill], drill=unmet), tmp_path),
+        # A capacity search whose output was wrong found no rate to trust.
+        Outcome(fast_steps[2], 1, 100.0, _results("FAIL"), tmp_path),
+        Outcome(steps(broken, plan, tmp_path)[0], 124, 1800.0, None, tmp_path, "see run-1x.log"),
+    ]
+    rows = engine_rows([fast, broken], outcomes, {})
+
+    head, body = headline(rows, ["1x"], ["pipeline-kill-1x"])
+    cells = {engine[0]: dict(zip(head, engine, strict=True)) for engine in body}
+    assert cells["fast"]["run 1x"] == "PASS" and cells["fast"]["drill pipeline-kill-1x"] == "FAIL"
+    assert cells["fast"]["pipeline-kill-1x recovery"] == "12.5 s"
+    assert cells["fast"]["rows wrong"] == "1"  # the capacity run's lost row
+    assert cells["fast"]["end-to-end p99 1x"] == "0.41 s"
+    assert cells["fast"]["CPU per message 1x"] == "750 µs"  # 1.5 cores / 2,000 msg/s
+    assert cells["fast"]["peak memory"] == "900 MB"
+    assert cells["fast"]["max sustained rate"] == "none (FAIL)"
+    assert cells["broken"]["run 1x"] == "no results (exit 124: see run-1x.log)"
+    assert cells["broken"]["rows wrong"] == "-"
+    assert [o.passed for o in outcomes] == [True, False, False, False]
