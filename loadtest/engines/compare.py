@@ -19,12 +19,13 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from loadtest.engines.catalog import SHIPPED, check_args, choose, load_engines
-from loadtest.engines.steps import Plan, run_all
+from loadtest.engines.catalog import SHIPPED, Engine, check_args, choose, load_engines
+from loadtest.engines.steps import Comparison, Outcome, Plan, Step, run_all
 from loadtest.engines.table import as_json, chart, engine_rows, headline, runs_table
 from loadtest.errors import HarnessError
 from loadtest.gameday.drills import load_drill
 from loadtest.reports.pages import CSS, html_table, md_table
+from loadtest.reports.results import Results
 from loadtest.run.profile import load_profile, parse_load
 
 #: The drills each engine runs unless others are named: its own process killed, and the broker restarted under it.
@@ -97,6 +98,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--run-dir", type=Path, default=None, help="where to write (default runs/engines-<time>)")
     p.add_argument("--list", action="store_true", help="list the engines of the file and exit")
+    p.add_argument(
+        "--table-from",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="rebuild the table and pages of an earlier comparison from its directory, running nothing",
+    )
     return p
 
 
@@ -133,9 +141,86 @@ def _page(title: str, tables: Sequence[tuple[str, str]], png: bytes | None) -> s
     return "\n".join(parts) + "\n"
 
 
+def write_pages(
+    out_dir: Path,
+    profile: str,
+    engines: Sequence[Engine],
+    found: Comparison,
+    loads: Sequence[str],
+    drills: Sequence[str],
+) -> None:
+    """``engines.md``, ``.html``, ``.json`` and ``.png`` in ``out_dir``; the table printed with where they are."""
+    rows = engine_rows(engines, found.outcomes, found.left_out)
+    table = headline(rows, loads, drills)
+    per_run = runs_table(found.outcomes)
+    png = chart(rows, loads)
+    data = {"profile": profile, "loads": list(loads), "drills": list(drills), **as_json(rows, found.left_out)}
+    (out_dir / "engines.json").write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    notes = "".join(f"\n- {name} was left out: {why}" for name, why in found.left_out.items())
+    if found.interrupted:
+        notes += "\n- interrupted: the runs after the last one listed did not run"
+    title = f"Engines compared: profile {profile}"
+    (out_dir / "engines.md").write_text(
+        f"# {title}\n\n{md_table(table)}{notes}\n\n## Each run\n\n{md_table(per_run)}", encoding="utf-8"
+    )
+    if png is not None:
+        (out_dir / "engines.png").write_bytes(png)
+    (out_dir / "engines.html").write_text(
+        _page(title, [("Side by side", html_table(table)), ("Each run", html_table(per_run))], png),
+        encoding="utf-8",
+    )
+    print()
+    print(md_table(table) + notes)
+    print(
+        f"\npage: {out_dir / 'engines.html'}\ntable: {out_dir / 'engines.md'}\ndata: {out_dir / 'engines.json'}"
+    )
+
+
+def table_again(out_dir: Path) -> int:
+    """The pages of an earlier comparison rebuilt from its ``engines.json`` and each run's results, running nothing.
+
+    For a comparison whose table an older sotw wrote, or one stopped before it wrote any (its runs'
+    directories are named in ``engines.json`` only once it has ended).
+    """
+    try:
+        data = json.loads((out_dir / "engines.json").read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise HarnessError(f"{out_dir} holds no comparison's engines.json: {exc}") from None
+    engines, found = [], Comparison(left_out={})
+    labels: list[str] = []
+    for entry in data["engines"]:
+        engine = Engine(entry["engine"], entry.get("description", ""), tuple(entry.get("args", [])))
+        engines.append(engine)
+        if entry.get("left_out"):
+            found.left_out[engine.name] = entry["left_out"]
+        for run in entry["runs"]:
+            kind, _, what = run["run"].partition(" ")
+            step = Step(engine, kind, what, Path(run["directory"]))
+            results_file = step.directory / "results.json"
+            results = Results.from_json(results_file) if results_file.is_file() else None
+            log = step.directory.parent / f"{step.directory.name}.log"
+            found.outcomes.append(
+                Outcome(step, run["exit_code"], run["seconds"], results, log, run.get("problem") or "")
+            )
+            labels.append(run["run"])
+    loads = data.get("loads") or list(
+        dict.fromkeys(label[4:] for label in labels if label.startswith("run "))
+    )
+    drills = data.get("drills") or list(
+        dict.fromkeys(label[6:] for label in labels if label.startswith("drill "))
+    )
+    profile = data.get("profile") or next(
+        (o.results.run.profile_name for o in found.outcomes if o.results and o.step.kind == "run"), "?"
+    )
+    write_pages(out_dir, profile, engines, found, loads, drills)
+    return 0 if not found.left_out and all(o.passed for o in found.outcomes) else 1
+
+
 def main(argv: Sequence[str]) -> int:
     """Run the comparison; print the table and where the pages are. Exit 0 only if every run PASSed."""
     args = build_parser().parse_args(list(argv))
+    if args.table_from is not None:
+        return table_again(args.table_from.resolve())
     engines = load_engines(args.engines.resolve())
     if args.list:
         for e in engines:
@@ -165,30 +250,7 @@ def main(argv: Sequence[str]) -> int:
     finally:
         signal.signal(signal.SIGTERM, previous)
 
-    rows = engine_rows(engines, found.outcomes, found.left_out)
-    table = headline(rows, loads, drills)
-    per_run = runs_table(found.outcomes)
-    png = chart(rows, loads)
-    data = as_json(rows, found.left_out)
-    (out_dir / "engines.json").write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-    notes = "".join(f"\n- {name} was left out: {why}" for name, why in found.left_out.items())
-    if found.interrupted:
-        notes += "\n- interrupted: the runs after the last one listed did not run"
-    title = f"Engines compared: profile {args.profile}"
-    (out_dir / "engines.md").write_text(
-        f"# {title}\n\n{md_table(table)}{notes}\n\n## Each run\n\n{md_table(per_run)}", encoding="utf-8"
-    )
-    if png is not None:
-        (out_dir / "engines.png").write_bytes(png)
-    (out_dir / "engines.html").write_text(
-        _page(title, [("Side by side", html_table(table)), ("Each run", html_table(per_run))], png),
-        encoding="utf-8",
-    )
-    print()
-    print(md_table(table) + notes)
-    print(
-        f"\npage: {out_dir / 'engines.html'}\ntable: {out_dir / 'engines.md'}\ndata: {out_dir / 'engines.json'}"
-    )
+    write_pages(out_dir, args.profile, engines, found, loads, drills)
     if found.interrupted:
         return 130
     passed = not found.left_out and all(o.passed for o in found.outcomes)

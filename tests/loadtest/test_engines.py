@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from loadtest.engines.catalog import Engine, check_args, load_engines
-from loadtest.engines.steps import Outcome, Plan, steps
+from loadtest.engines.compare import write_pages
+from loadtest.engines.steps import Comparison, Outcome, Plan, steps
 from loadtest.engines.table import engine_rows, headline
 from loadtest.reports.results import DrillCheck, DrillScore, Figure, IncidentResult, ResourceUsage, Results
 from sotw.cli import main as sotw_main
@@ -214,3 +215,30 @@ def test_the_table_reads_each_engines_verdicts_rows_wrong_recovery_p99_cpu_and_m
     assert cells["broken"]["run 1x"] == "no results (exit 124: see run-1x.log)"
     assert cells["broken"]["rows wrong"] == "-"
     assert [o.passed for o in outcomes] == [True, False, False, False]
+
+
+def test_an_earlier_comparisons_table_is_rebuilt_from_its_directory_running_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    engine = Engine("fast", "", ("--source", "sotw-kafka"))
+    plan = Plan(loads=("1x",), drills=("pipeline-kill-1x",))
+    kill = IncidentResult("pipeline_kill", "pipeline_kill", 0, 1, recover_s=12.5)
+    met = DrillScore("pipeline-kill-1x", "", [DrillCheck("recover_s", "<= 45 s", "12.5 s", True)], True)
+    run, drill = steps(engine, plan, tmp_path)
+    outcomes = [
+        Outcome(run, 0, 100.0, _results(), tmp_path),
+        Outcome(drill, 0, 100.0, _results(incidents=[kill], drill=met), tmp_path),
+    ]
+    for o in outcomes:
+        o.step.directory.mkdir(parents=True)
+        assert o.results is not None
+        o.results.to_json(o.step.directory / "results.json")
+    write_pages(tmp_path, "baseline", [engine], Comparison(outcomes), ["1x"], ["pipeline-kill-1x"])
+    first = (tmp_path / "engines.md").read_text()
+    (tmp_path / "engines.md").unlink()
+
+    assert sotw_main(["compare-engines", "--table-from", str(tmp_path)]) == 0  # every run PASSed
+
+    assert (tmp_path / "engines.md").read_text() == first
+    assert "| fast | PASS | PASS | 12.5 s | 0 | 0.41 s | - | 750 µs | 900 MB |" in first
+    assert "| fast | PASS | PASS | 12.5 s |" in capsys.readouterr().out
