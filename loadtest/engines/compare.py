@@ -18,14 +18,15 @@ import signal
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from loadtest.engines.catalog import SHIPPED, Engine, check_args, choose, load_engines
-from loadtest.engines.steps import Comparison, Outcome, Plan, Step, run_all
+from loadtest.engines.steps import Comparison, Outcome, Plan, Step, run_all, verdict_of
 from loadtest.engines.table import as_json, chart, engine_rows, headline, runs_table
 from loadtest.errors import HarnessError
 from loadtest.gameday.drills import load_drill
 from loadtest.reports.pages import CSS, html_table, md_table
-from loadtest.reports.results import Results
+from loadtest.reports.results import EXIT_CODES, Results
 from loadtest.run.profile import load_profile, parse_load
 
 #: The drills each engine runs unless others are named: its own process killed, and the broker restarted under it.
@@ -176,16 +177,46 @@ def write_pages(
     )
 
 
+def _scanned(out_dir: Path) -> dict[str, Any]:
+    """What ``engines.json`` would hold, read from the run directories of a comparison killed before its table.
+
+    Each engine's runs are in the order their results were written; a run's exit code is the one its verdict
+    gives (``sotw run`` and ``sotw drill`` exit so), its time the run's own, from start to end.
+    """
+    engines = []
+    for engine_dir in sorted((p for p in out_dir.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime):
+        written = [p / "results.json" for p in engine_dir.iterdir() if (p / "results.json").is_file()]
+        runs = []
+        for path in sorted(written, key=lambda p: p.stat().st_mtime):
+            results = Results.from_json(path)
+            name = path.parent.name
+            runs.append(
+                {
+                    "run": name if name == "capacity" else name.replace("-", " ", 1),
+                    "directory": str(path.parent),
+                    "exit_code": EXIT_CODES.get(verdict_of(results), 1),
+                    "seconds": (results.run.ended_ms - results.run.started_ms) / 1000,
+                }
+            )
+        if runs:
+            engines.append({"engine": engine_dir.name, "runs": runs})
+    if not engines:
+        raise HarnessError(f"{out_dir} holds no comparison: no engines.json, no ENGINE/RUN/results.json")
+    return {"engines": engines}
+
+
 def table_again(out_dir: Path) -> int:
     """The pages of an earlier comparison rebuilt from its ``engines.json`` and each run's results, running nothing.
 
-    For a comparison whose table an older sotw wrote, or one stopped before it wrote any (its runs'
-    directories are named in ``engines.json`` only once it has ended).
+    For a comparison whose table an older sotw wrote, or one killed before it wrote any (then its run
+    directories say what ran).
     """
     try:
         data = json.loads((out_dir / "engines.json").read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        data = _scanned(out_dir)
     except (OSError, json.JSONDecodeError) as exc:
-        raise HarnessError(f"{out_dir} holds no comparison's engines.json: {exc}") from None
+        raise HarnessError(f"cannot read {out_dir / 'engines.json'}: {exc}") from None
     engines, found = [], Comparison(left_out={})
     labels: list[str] = []
     for entry in data["engines"]:

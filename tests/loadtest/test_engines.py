@@ -242,3 +242,10 @@ def test_an_earlier_comparisons_table_is_rebuilt_from_its_directory_running_noth
     assert (tmp_path / "engines.md").read_text() == first
     assert "| fast | PASS | PASS | 12.5 s | 0 | 0.41 s | - | 750 µs | 900 MB |" in first
     assert "| fast | PASS | PASS | 12.5 s |" in capsys.readouterr().out
+    # A comparison killed before it wrote engines.json: its run directories say what ran.
+    (tmp_path / "engines.json").unlink()
+    assert sotw_main(["compare-engines", "--table-from", str(tmp_path)]) == 0
+    assert (
+        "| fast | PASS | PASS | 12.5 s | 0 | 0.41 s | - | 750 µs | 900 MB |"
+        in (tmp_path / "engines.md").read_text()
+    )
