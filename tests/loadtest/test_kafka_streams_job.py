@@ -32,7 +32,9 @@ pytestmark = [
 @pytest.fixture(scope="module")
 def streams_jar() -> Path:
     """The example's jar, built by ``make kafka-streams-job`` (offline first: a warm ``~/.m2`` needs no network)."""
-    done = subprocess.run(["make", "kafka-streams-job"], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    done = subprocess.run(
+        ["make", "kafka-streams-job"], cwd=ROOT, capture_output=True, text=True, timeout=900
+    )
     assert done.returncode == 0 and JAR.is_file(), (done.stdout + done.stderr)[-3000:]
     return JAR
 
