@@ -125,10 +125,13 @@ def test_a_node_cut_from_the_other_two_leaves_the_isr_and_rejoins_after_the_heal
         assert sender.flush(60) == 0 and sender.errors == [] and len(sender.acked) == 300
     healed = fault.outage
     assert healed is not None
-    rejoined_s = wait_for(
-        f"node {cut} back in every ISR", lambda: cluster.under_replicated([topic]) == [], 60
-    )
-    assert all(sorted(p.isr) == [1, 2, 3] for p in cluster.partitions([topic]))
+
+    def back() -> bool:
+        # One metadata answer judged whole: two look-ups may be answered by different nodes, one of them stale.
+        states = cluster.partitions([topic])
+        return bool(states) and all(sorted(p.isr) == [1, 2, 3] for p in states)
+
+    rejoined_s = wait_for(f"node {cut} back in every ISR", back, 60)
     print(
         f"\nnode {cut} left the ISR {left_s:.1f} s after the cut, rejoined {rejoined_s:.1f} s after the heal"
     )
