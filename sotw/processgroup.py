@@ -82,6 +82,39 @@ def stop_process(proc: subprocess.Popen[bytes], grace_s: float = 5.0, kill: bool
     proc.wait()
 
 
+#: The exit code of a command stopped at its time limit, as ``timeout(1)`` exits.
+TIMED_OUT = 124
+
+
+def run_limited(
+    args: Sequence[str],
+    env: Mapping[str, str],
+    log_path: Path,
+    limit_s: float,
+    grace_s: float,
+    cwd: Path | None = None,
+) -> int:
+    """Run ``args`` in a process group of its own, output appended to ``log_path``; its exit code.
+
+    Past ``limit_s`` the command is stopped (SIGTERM, then SIGKILL after ``grace_s``) and ``TIMED_OUT`` is
+    returned; a Ctrl-C or any other error stops it the same way before going on up. Whatever it started goes
+    with its group.
+    """
+    group = ProcessGroup()
+    try:
+        process = group.spawn(args, env, log_path, cwd=cwd)
+        try:
+            return process.wait(timeout=limit_s)
+        except subprocess.TimeoutExpired:
+            stop_process(process, grace_s)
+            return TIMED_OUT
+        except BaseException:
+            stop_process(process, grace_s)
+            raise
+    finally:
+        group.close()
+
+
 def wait_stopped(pid: int, timeout: float = 5.0) -> bool:
     """Wait until every thread of ``pid`` is stopped (after SIGSTOP); False if some still ran at ``timeout``.
 

@@ -8,7 +8,6 @@ run's SparkSession (or JVM, or Python process) is its own, as the one-session-pe
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -18,7 +17,7 @@ from pathlib import Path
 from loadtest.engines.catalog import Engine
 from loadtest.errors import HarnessError
 from loadtest.reports.results import Results
-from sotw.processgroup import ProcessGroup, stop_process
+from sotw.processgroup import TIMED_OUT, run_limited
 
 #: sotw's own directory: the engines' commands (``prepare``, the job's template) run from it.
 ROOT = Path(__file__).resolve().parents[2]
@@ -117,26 +116,12 @@ class Outcome:
 
 
 def _spawn(argv: list[str], log: Path, limit_s: float) -> int:
-    """Run ``argv`` from sotw's directory in a process group of its own, output to ``log``; its exit code.
-
-    Past ``limit_s`` it is stopped (SIGTERM, then SIGKILL) and counts as exit 124, as ``timeout(1)`` says.
-    A Ctrl-C stops it the same way before it goes on up.
-    """
-    group = ProcessGroup()
-    try:
-        process = group.spawn(argv, os.environ, log, cwd=ROOT)
-        try:
-            return process.wait(timeout=limit_s)
-        except subprocess.TimeoutExpired:
-            stop_process(process, STOP_GRACE_S)
-            with log.open("a") as out:
-                out.write(f"\ncompare-engines: stopped at the limit of {limit_s:.0f} s\n")
-            return 124
-        except BaseException:
-            stop_process(process, STOP_GRACE_S)
-            raise
-    finally:
-        group.close()
+    """Run ``argv`` from sotw's directory (``run_limited``); past ``limit_s`` it is stopped and counts as 124."""
+    code = run_limited(argv, os.environ, log, limit_s, STOP_GRACE_S, cwd=ROOT)
+    if code == TIMED_OUT:
+        with log.open("a") as out:
+            out.write(f"\ncompare-engines: stopped at the limit of {limit_s:.0f} s\n")
+    return code
 
 
 def prepare(engine: Engine, out_dir: Path, limit_s: float) -> None:

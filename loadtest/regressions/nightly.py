@@ -43,12 +43,13 @@ from loadtest.regressions.history import (
 )
 from loadtest.regressions.paired import PairedJudgement, judgement_lines, judgement_rows
 from loadtest.regressions.sidebyside import BASELINE, CANDIDATE, Side, install_baseline, resolve
-from loadtest.regressions.sides import TIMED_OUT, Paired, SideRuns
+from loadtest.regressions.sides import Paired, SideRuns
 from loadtest.regressions.trend import write_trend
 from loadtest.reports.results import EXIT_CODES, FAIL, INCONCLUSIVE
 from sotw.cliargs import add_kafka_args, kafka_settings
 from sotw.clientfiles import SettingsFiles
 from sotw.kafka import KafkaConfig
+from sotw.processgroup import TIMED_OUT
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -21,10 +20,8 @@ from loadtest.regressions.metrics import (
 from loadtest.regressions.paired import PairedJudgement, judge_pair
 from loadtest.regressions.sidebyside import BASELINE, CANDIDATE, Side
 from loadtest.reports.results import Results
-from sotw.processgroup import ProcessGroup, stop_process
+from sotw.processgroup import TIMED_OUT, run_limited
 
-#: The exit code a command stopped at the night's time limit is recorded with (as ``timeout(1)`` exits).
-TIMED_OUT = 124
 #: How long a stopped command gets to end after SIGTERM before it is killed.
 STOP_GRACE_S = 10.0
 
@@ -71,19 +68,7 @@ class SideRuns:
         log_path = self.dir / f"{name}.log"
         limit = self.config.command_limit_s
         start = time.monotonic()
-        group = ProcessGroup()
-        try:
-            process = group.spawn(argv, self.side.environment(), log_path, cwd=self.side.tree)
-            try:
-                code = process.wait(timeout=limit)
-            except subprocess.TimeoutExpired:
-                stop_process(process, STOP_GRACE_S)
-                code = TIMED_OUT
-            except BaseException:
-                stop_process(process, STOP_GRACE_S)
-                raise
-        finally:
-            group.close()
+        code = run_limited(argv, self.side.environment(), log_path, limit, STOP_GRACE_S, cwd=self.side.tree)
         if code == TIMED_OUT:  # after the group is gone: nothing of the command writes to the log any more
             with log_path.open("a") as log:
                 log.write(f"\nnightly: stopped at the limit of {limit:.0f} s a command may run\n")

@@ -17,9 +17,10 @@ from loadtest.regressions.config import NightlyConfig
 from loadtest.regressions.history import Entry, Metric, baseline_of, compare, load_history
 from loadtest.regressions.paired import judge_pair
 from loadtest.regressions.sidebyside import CANDIDATE, Side
-from loadtest.regressions.sides import TIMED_OUT, SideRuns
+from loadtest.regressions.sides import SideRuns
 from loadtest.regressions.trend import write_trend
 from loadtest.reports import compare as compare_cli
+from sotw.processgroup import TIMED_OUT
 
 REPO = Path(__file__).resolve().parents[2]
 MACHINE = {"cpus": 2, "cpu_model": "test cpu", "memory_gb": 24, "platform_machine": "x86_64"}
