@@ -55,12 +55,15 @@ class TablesOutput:
     None), ``row_id``, ``row`` (the row as a dict, ``id`` included), ``seq`` and ``committed_ms`` where the
     output tells them (else NaN). ``key`` names what the table is
     keyed by; ``commit_source`` is a ``COMMIT_SOURCES`` key; ``ignored`` the columns that are not the rows'.
+    ``changes``, for a topic, is every change it holds (``session``, ``seq``, ``committed_ms``), which dates
+    more messages than the final rows do; None for files, which keep only the final rows.
     """
 
     rows: pd.DataFrame
     key: str
     commit_source: str
     ignored: tuple[str, ...] = ()
+    changes: pd.DataFrame | None = None
 
 
 def read_tables(spec: OutputSpec) -> TablesOutput:
@@ -74,10 +77,11 @@ def read_tables(spec: OutputSpec) -> TablesOutput:
     """
     fmt = spec.resolved_format()
     where = str(spec.path)
+    topic_changes = None
     if fmt == "topic":
         if spec.topic is None or spec.kafka is None:
             raise HarnessError("--format topic needs the output topic and the run's cluster")
-        raw = read_topic_table(spec.kafka, spec.topic)
+        raw, topic_changes = read_topic_table(spec.kafka, spec.topic)
         where = f"topic {spec.topic}"
     elif fmt == "delta":
         raw = read_table(spec.path, with_files=True) if is_delta_table(spec.path) else pd.DataFrame()
@@ -110,7 +114,14 @@ def read_tables(spec: OutputSpec) -> TablesOutput:
             COMMITTED: committed,
         }
     )
-    return TablesOutput(rows, key, source if SEQ in raw.columns else "none", spec.ignored)
+    changes = None
+    if topic_changes is not None and key == "session":
+        dates = topic_changes[COMMITTED if source == "column" else RECORD_MS].astype("float64")
+        changes = pd.DataFrame(
+            {"session": topic_changes["session"], "seq": topic_changes[SEQ].astype("int64"), COMMITTED: dates}
+        )
+        changes = changes[changes[COMMITTED].notna()]
+    return TablesOutput(rows, key, source if SEQ in raw.columns else "none", spec.ignored, changes)
 
 
 def _plain_rows(raw: pd.DataFrame) -> list[dict[str, Any]]:

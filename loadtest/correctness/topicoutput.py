@@ -5,6 +5,11 @@ change, keyed by session and row, its value the row as JSON with the columns the
 (``session``, ``row_id``, the row's columns, ``seq``, ``committed_ms``, ...), a tombstone (null value) for a
 deleted row. ``read_topic_table`` reads it to its end and compacts it as Kafka would, so that
 ``loadtest.correctness.tables.read_tables`` hands the same frame as for files to the same verdict rules.
+
+Unlike a table in files, the topic also holds every change the job wrote, each with its ``seq`` and commit time:
+so end-to-end latency is measured for every message whose change reached the topic, not only for the messages
+that set the final rows (a capacity search's early levels, or the seconds after an incident, leave almost no
+final rows). The output topic sotw creates keeps its changes for the run (``min.compaction.lag.ms``).
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import json
 import logging
 import time
 import uuid
-from typing import Any
+from typing import Any, NamedTuple
 
 import pandas as pd
 
@@ -28,9 +33,22 @@ RECORD_MS = "_record_ms"
 #: How long the verifier waits for the topic's end before it gives up.
 READ_TIMEOUT_S = 120.0
 
+#: How long the output topic sotw creates keeps a change before the cleaner may compact it away: longer than a
+#: run, so every change is there to date its message when the verifier reads the topic.
+KEEP_CHANGES_MS = 7 * 24 * 3600 * 1000
 
-def read_topic_table(kafka: KafkaConfig, topic: str, timeout_s: float = READ_TIMEOUT_S) -> pd.DataFrame:
-    """The topic's last value per key, a row per live key: the row's JSON fields and ``RECORD_MS``.
+
+class TopicTable(NamedTuple):
+    """What the verifier reads from an output topic: the table, and every change written, for latency."""
+
+    table: pd.DataFrame
+    #: Per record with a value that names its session and seq: ``session``, ``seq``, its ``committed_ms`` field
+    #: (None without one) and ``RECORD_MS``, the record's timestamp.
+    changes: pd.DataFrame
+
+
+def read_topic_table(kafka: KafkaConfig, topic: str, timeout_s: float = READ_TIMEOUT_S) -> TopicTable:
+    """The topic's last value per key, a row per live key: the row's JSON fields and ``RECORD_MS``; and its changes.
 
     Read from the beginning of every partition to its end with ``isolation.level=read_committed``, whatever
     the run's settings say: an exactly-once job's aborted writes are not its table. Compacted per partition
@@ -68,6 +86,7 @@ def read_topic_table(kafka: KafkaConfig, topic: str, timeout_s: float = READ_TIM
         # Assign, not subscribe: a reader that joins no group cannot rebalance anyone.
         consumer.assign([TopicPartition(topic, p, -2) for p in partitions])  # -2: the beginning
         table: dict[tuple[int, Any], tuple[bytes, int]] = {}
+        changes: list[tuple[Any, Any, Any, Any]] = []
         at_end: set[int] = set()
         deadline = time.monotonic() + timeout_s
         while len(at_end) < len(partitions):
@@ -88,10 +107,31 @@ def read_topic_table(kafka: KafkaConfig, topic: str, timeout_s: float = READ_TIM
                 if value is None:
                     table.pop(key, None)
                 else:
-                    table[key] = (value, msg.timestamp()[1])
+                    ms = msg.timestamp()[1]
+                    table[key] = (value, ms)
+                    changes.append(_dated(value, ms))
     finally:
         consumer.close()
-    return pd.DataFrame.from_records([_record(topic, key, value, ms) for key, (value, ms) in table.items()])
+    frame = pd.DataFrame.from_records([_record(topic, key, value, ms) for key, (value, ms) in table.items()])
+    dated = pd.DataFrame.from_records(changes, columns=["session", "seq", "committed_ms", RECORD_MS])
+    return TopicTable(frame, dated[dated["session"].notna() & dated["seq"].notna()])
+
+
+def _dated(value: bytes, ms: int) -> tuple[Any, Any, Any, Any]:
+    """A change's session, seq, ``committed_ms`` field and record timestamp; None where the record lacks one."""
+    try:
+        row = json.loads(value)
+    except ValueError:
+        row = None
+    if not isinstance(row, dict):
+        return (None, None, None, None)
+    session, seq, committed = row.get("session"), row.get("seq"), row.get("committed_ms")
+    return (
+        session if isinstance(session, str) else None,
+        seq if isinstance(seq, int) and not isinstance(seq, bool) else None,
+        committed if isinstance(committed, (int, float)) and not isinstance(committed, bool) else None,
+        ms if ms > 0 else None,
+    )
 
 
 def _record(topic: str, key: tuple[int, Any], value: bytes, ms: int) -> dict[str, Any]:
@@ -110,6 +150,8 @@ def _record(topic: str, key: tuple[int, Any], value: bytes, ms: int) -> dict[str
 def create_output_topic(kafka: KafkaConfig, topic: str, timeout_s: float = 30.0) -> bool:
     """Create the output topic, compacted as a table's topic is, unless it exists; whether it was made.
 
+    No change is compacted away for a week (``KEEP_CHANGES_MS``), so the verifier dates every message.
+
     sotw makes it rather than the job, so that a job that never creates its output topic (Kafka Streams
     creates only its internal ones) runs on a cluster that does not create topics on first write, and so
     that the run's clean-up knows what it owns. The cluster's default replication is used.
@@ -123,7 +165,8 @@ def create_output_topic(kafka: KafkaConfig, topic: str, timeout_s: float = 30.0)
     from confluent_kafka.admin import AdminClient, NewTopic
 
     admin = AdminClient(kafka.client())
-    new = NewTopic(topic, num_partitions=1, config={"cleanup.policy": "compact"})
+    config = {"cleanup.policy": "compact", "min.compaction.lag.ms": str(KEEP_CHANGES_MS)}
+    new = NewTopic(topic, num_partitions=1, config=config)
     try:
         admin.create_topics([new], operation_timeout=timeout_s)[topic].result(timeout_s)
     except KafkaException as exc:

@@ -131,6 +131,10 @@ class Outcome:
         return self.output_spec or OutputSpec(self.run_dir / "pipeline" / "output")
 
 
+#: Every dated message's end-to-end latency (``intended_ts``, ``committed_ms``, ``latency_ms``), in the run dir.
+LATENCY_FILE = "latency.parquet"
+
+
 def results(outcome: Outcome, clock: Callable[[], float] = time.time) -> Results:
     """Every figure of the run, its verdict and what it ran on, as ``Results``."""
     import sotw
@@ -139,6 +143,11 @@ def results(outcome: Outcome, clock: Callable[[], float] = time.time) -> Results
     throughput, lag, resource_series = series(df, outcome.started_ms / 1000.0)
     cpu0 = time.process_time()
     latency, latency_series, e2e = latencies(outcome.run_dir, outcome.output, outcome.steady)
+    # Kept for what judges the run's windows afterwards (a capacity search's levels): the output it was read
+    # from may be gone by then (a local broker's topic) or elsewhere (a team's --output).
+    e2e[["intended_ts", "committed_ms", "latency_ms"]].astype("float64").to_parquet(
+        outcome.run_dir / LATENCY_FILE, index=False
+    )
     incidents = incident_results(outcome, df, e2e)
     verify_cpu_s = outcome.verify_cpu_s + time.process_time() - cpu0
     steady = steady_rows(df)

@@ -29,10 +29,11 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
+import pandas as pd
 
 from loadtest.errors import HarnessError
 from loadtest.gameday.incident import Incident, Stage
-from loadtest.measure.figures import BATCH_STEP
+from loadtest.measure.figures import BATCH_STEP, LATENCY_FILE
 from loadtest.reports.results import Capacity, CapacityStep, Results
 from loadtest.run.job import JobSpec
 from loadtest.run.profile import Profile
@@ -276,16 +277,11 @@ def judge_levels(
     """Each level judged again from what really happened in its window (after its first ``settle_s``).
 
     Sustained when the lag age p95 of its samples is within the bound and the exact end-to-end p99 of the
-    messages meant for it (ledger and commit markers) is within the target.
+    messages meant for it is within the target: the latencies the run measured from its output, whatever its
+    contract and format (``loadtest.measure.figures.LATENCY_FILE``).
     """
-    from loadtest.correctness.expect import read_ledger
-    from loadtest.correctness.latency import LEDGER_COLUMNS, end_to_end_of
-
-    # Only the columns the latencies need: a search's run reaches tens of millions of messages, whose whole
-    # ledger and changes (values and all) do not fit in memory (a --max 256x search was killed for it).
-    ledger = read_ledger(run_dir, columns=LEDGER_COLUMNS)
-    e2e = end_to_end_of(ledger, run_dir / "pipeline" / "output")
-    del ledger
+    path = run_dir / LATENCY_FILE
+    e2e = pd.read_parquet(path) if path.is_file() else pd.DataFrame()
     intended = e2e["intended_ts"].to_numpy(dtype=float) / 1000.0 if len(e2e) else np.zeros(0)
     latency = e2e["latency_ms"].to_numpy(dtype=float) if len(e2e) else np.zeros(0)
     steps = []

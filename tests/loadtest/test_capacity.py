@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import math
 
+import pandas as pd
 import pytest
 
 from loadtest import cli
 from loadtest.errors import HarnessError
-from loadtest.planning.capacity import Controller, SearchSettings, Targets, capacity_of
+from loadtest.measure.figures import LATENCY_FILE
+from loadtest.planning.capacity import Controller, Level, SearchSettings, Targets, capacity_of, judge_levels
 from loadtest.reports.results import CapacityStep, Results
 from loadtest.run.profile import default_scenario, load_profile
 
@@ -42,6 +44,30 @@ def test_a_level_is_judged_on_lag_and_on_the_latency_its_lag_and_batch_time_impl
     slow_batches = [{"lag_age_s": 6.0, "batch_duration_ms": 6000} for _ in range(10)]
     assert c.judge(calm)[0] is True
     assert c.judge(slow_batches)[0] is False, "6 s of lag and 6 s batches mean 12 s end to end"
+
+
+def test_each_level_is_judged_again_on_the_latencies_the_run_measured_whatever_its_output(tmp_path):
+    # The run leaves every dated message's latency in its directory (a topic's output is gone with its broker,
+    # a team's job writes elsewhere): 2 s at the first level, 30 s at the second, none at the third.
+    pd.DataFrame(
+        {
+            "intended_ts": [1_000.0 * t for t in (12, 15, 18, 32, 35, 38)],
+            "committed_ms": [1_000.0 * t for t in (14, 17, 20, 62, 65, 68)],
+            "latency_ms": [2_000.0] * 3 + [30_000.0] * 3,
+        }
+    ).to_parquet(tmp_path / LATENCY_FILE)
+    samples = [{"ts": float(t), "lag_age_s": 1.0, "consumed": 100.0 * t} for t in range(10, 60)]
+    levels = [Level(1.0, 10.0, 20.0), Level(2.0, 30.0, 40.0), Level(4.0, 50.0, 59.0)]
+
+    steps = judge_levels(tmp_path, samples, levels, Targets(8.0, 10.0), 1.0, 300.0)
+
+    assert [(s.load_factor, s.sustained, s.latency_p99_ms) for s in steps[:2]] == [
+        (1.0, True, 2000.0),
+        (2.0, False, 30000.0),
+    ]
+    assert steps[2].sustained is False and math.isnan(steps[2].latency_p99_ms), (
+        "no latency measured: not sustained"
+    )
 
 
 def test_the_capacity_is_the_highest_sustained_level_below_the_lowest_broken_with_that_bracket():

@@ -151,6 +151,25 @@ def test_committed_ms_dates_the_rows_when_the_job_gives_it(
     assert sorted(latencies["committed_ms"]) == [1_790_000_009_000] * 3
 
 
+def test_every_change_in_the_topic_dates_its_message_not_only_the_final_rows(
+    tmp_path: Path, kafka: KafkaConfig, topic_of: TopicOf
+) -> None:
+    # A capacity search's early levels and the seconds after an incident set few final rows: their messages
+    # are dated by the changes the topic still holds.
+    spec = SessionSpec()
+    run = tmp_path / "run"
+    write_run(run, ledger_rows(spec, CLEAN), [spec])
+    first = row(1, 10.0, seq=1, committed_ms=1_790_000_001_000)
+    final = row(1, 50.0, seq=5, committed_ms=1_790_000_005_000)
+    topic = topic_of([first, row(2, 20.0, seq=2, committed_ms=1_790_000_002_000), final])
+    output = OutputSpec(tmp_path, "tables", "topic", topic=topic, kafka=kafka)
+
+    latencies = end_to_end_of(read_ledger(run), output)
+
+    dated = dict(zip(latencies["seq"], latencies["committed_ms"], strict=True))
+    assert dated == {1: 1_790_000_001_000, 2: 1_790_000_002_000, 5: 1_790_000_005_000}
+
+
 def test_a_value_that_is_not_json_is_refused_naming_its_key(
     tmp_path: Path, kafka: KafkaConfig, topic_of: TopicOf
 ) -> None:
