@@ -1,6 +1,6 @@
 """The Kafka Streams example (examples/kafka-streams/) built by Maven and run under ``sotw run`` on the smoke profile.
 
-It keeps each session's rows in one state store, applies messages in seq order and writes its table to the
+It keeps each session's rows in one state store keyed by session and row, applies messages in seq order and writes its table to the
 run's output topic with exactly-once v2: the verifier reads that topic (read_committed) and must PASS it. The
 build needs Maven and, the first time, Maven Central; later builds run offline from ``~/.m2`` in 20-25 s on the
 2-core machine (up to 65 s when it is busy), so the build is in ``make test`` and the run in the slow tests.
@@ -45,6 +45,17 @@ def test_the_example_builds_into_one_runnable_jar_that_names_its_options(streams
     assert done.returncode == 2
     assert "--config FILE --input-pattern REGEX --output-topic NAME --application-id ID" in done.stderr
 
+    options = ["--config", "x", "--input-pattern", "p", "--output-topic", "t", "--application-id", "a"]
+    done = subprocess.run(
+        ["java", "-jar", str(streams_jar), *options, "--threads", "0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+    assert done.returncode == 2
+    assert "--threads needs a positive whole number, not 0" in done.stderr
+
 
 @pytest.mark.slow  # a Maven build (over 60 s on the 2-core machine) and a JVM job: the nightly job runs it
 def test_the_kafka_streams_job_passes_smoke_writing_its_table_to_a_topic_exactly_once(
@@ -53,7 +64,8 @@ def test_the_kafka_streams_job_passes_smoke_writing_its_table_to_a_topic_exactly
     app = f"team-streams-{uuid.uuid4().hex[:8]}"
     template = (
         f"java -jar {streams_jar} --config {{java_config}} --input-pattern {{pattern}} "
-        f"--output-topic {{output_topic}} --application-id {app} --state-dir {{checkpoint}} --instance-id 1"
+        f"--output-topic {{output_topic}} --application-id {app} --state-dir {{checkpoint}} --instance-id 1 "
+        "--threads 2 --commit-interval-ms {trigger_ms}"
     )
     run = run_writing_a_topic(tmp_path, kafka, template, app)
 

@@ -5,14 +5,11 @@ import com.fasterxml.jackson.databind.ObjectMapper;
 import com.fasterxml.jackson.databind.node.ObjectNode;
 import java.io.IOException;
 import java.io.InputStream;
-import java.nio.ByteBuffer;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.time.Duration;
 import java.util.ArrayList;
-import java.util.HashMap;
 import java.util.List;
-import java.util.Map;
 import java.util.Properties;
 import java.util.concurrent.CountDownLatch;
 import java.util.regex.Pattern;
@@ -35,7 +32,7 @@ import org.slf4j.LoggerFactory;
 
 /**
  * The snapshot/update job as a Kafka Streams team writes it: each session's current rows in a table topic
- * written with exactly-once v2, ordered by the seqs it keeps in one state store keyed by session.
+ * written with exactly-once v2, ordered by the seqs it keeps in one state store keyed by session and row.
  *
  * <p>Every sensor publishes a session's snapshot (seq 0), then upserts and deletes of single rows, to its own
  * topic, keyed by session (docs/wire-format.md). Faults reorder and repeat messages, so the job keeps, for
@@ -70,6 +67,15 @@ public final class SnapshotUpdateJob {
         props.put(StreamsConfig.PROCESSING_GUARANTEE_CONFIG, StreamsConfig.EXACTLY_ONCE_V2);
         if (options.stateDir != null) {
             props.put(StreamsConfig.STATE_DIR_CONFIG, options.stateDir.toString());
+        }
+        if (options.threads != null) {
+            // One stream thread per core the job may use: the sensors' partitions (tasks) are shared among them.
+            props.put(StreamsConfig.NUM_STREAM_THREADS_CONFIG, options.threads);
+        }
+        if (options.commitIntervalMs != null) {
+            // Exactly-once commits a transaction every 100 ms by default; each costs round trips to the broker's
+            // transaction coordinator. A longer interval trades end-to-end latency for throughput.
+            props.put(StreamsConfig.COMMIT_INTERVAL_MS_CONFIG, options.commitIntervalMs);
         }
         // A run's sensor topics may appear after the job starts: look for new ones every second, not every 5 min.
         props.put(StreamsConfig.consumerPrefix(ConsumerConfig.METADATA_MAX_AGE_CONFIG), "1000");
@@ -106,7 +112,7 @@ public final class SnapshotUpdateJob {
     static Topology topology(String inputPattern, String outputTopic) {
         StreamsBuilder builder = new StreamsBuilder();
         builder.addStateStore(Stores.keyValueStoreBuilder(
-                Stores.persistentKeyValueStore(STORE), Serdes.String(), Serdes.ByteArray()).withCachingEnabled());
+                Stores.persistentKeyValueStore(STORE), Serdes.String(), Serdes.Long()).withCachingEnabled());
         builder.stream(Pattern.compile(inputPattern), Consumed.with(Serdes.String(), Serdes.ByteArray()))
                 .process(SessionRows::new, STORE)
                 .to(outputTopic, Produced.with(Serdes.String(), Serdes.String()));
@@ -116,15 +122,17 @@ public final class SnapshotUpdateJob {
     /**
      * Applies each message to its session's rows in the store; forwards every row it changes.
      *
-     * <p>The store's value for a session is what ordering needs, not the rows themselves: per row id, the seq of
-     * the message that last set it and whether that was a delete ({@link RowSeqs}). The row's values go from
-     * the message straight to the output, so a message costs one small read and one small write, not the
-     * session's whole table; the store's cache folds a session's writes within a commit into one changelog
-     * record.
+     * <p>The store holds what ordering needs, not the rows themselves: for each row, under the key
+     * {@code SESSION/ROW_ID}, the seq of the message that last set it and whether that was a delete
+     * ({@code seq * 2 + deleted}, eight bytes). The session is the key's prefix and the input topic's key, so a
+     * session's rows live in the task that reads its messages. The row's values go from the message straight to
+     * the output, so an update costs one eight-byte read and write whatever the session's size (a value holding
+     * all of a session's rows would be read and rewritten whole for each message: sessions grow to thousands of
+     * rows at 10x); the store's cache folds a row's writes within a commit into one changelog record.
      */
     static final class SessionRows implements Processor<String, byte[], String, String> {
         private ProcessorContext<String, String> context;
-        private KeyValueStore<String, byte[]> store;
+        private KeyValueStore<String, Long> store;
 
         @Override
         public void init(ProcessorContext<String, String> context) {
@@ -151,56 +159,20 @@ public final class SnapshotUpdateJob {
             String sensor = msg.path("sensor").asText();
             long seq = msg.path("seq").asLong();
             boolean delete = "delete".equals(msg.path("op").asText());
-            RowSeqs held = RowSeqs.decode(store.get(session));
-            boolean changed = false;
             for (JsonNode row : rows) {
                 if (!row.path("id").canConvertToLong()) {
                     continue;
                 }
                 long id = row.path("id").asLong();
-                if (!held.newer(id, seq)) {
+                String key = session + "/" + id;
+                Long held = store.get(key);
+                if (held != null && (held >> 1) >= seq) {
                     continue; // an older or repeated message: the row already holds a later one
                 }
-                held.set(id, seq, delete);
-                changed = true;
+                store.put(key, seq * 2 + (delete ? 1 : 0));
                 context.forward(new Record<>(
-                        session + "/" + id, delete ? null : output(session, sensor, id, seq, row),
-                        record.timestamp()));
+                        key, delete ? null : output(session, sensor, id, seq, row), record.timestamp()));
             }
-            if (changed) {
-                store.put(session, held.encode());
-            }
-        }
-    }
-
-    /** Per row id, the seq that last set the row and whether it deleted it: {@code seq * 2 + deleted}. */
-    static final class RowSeqs {
-        private final Map<Long, Long> bySeq = new HashMap<>();
-
-        static RowSeqs decode(byte[] bytes) {
-            RowSeqs seqs = new RowSeqs();
-            if (bytes != null) {
-                ByteBuffer buffer = ByteBuffer.wrap(bytes);
-                while (buffer.remaining() >= 16) {
-                    seqs.bySeq.put(buffer.getLong(), buffer.getLong());
-                }
-            }
-            return seqs;
-        }
-
-        byte[] encode() {
-            ByteBuffer buffer = ByteBuffer.allocate(bySeq.size() * 16);
-            bySeq.forEach((id, packed) -> buffer.putLong(id).putLong(packed));
-            return buffer.array();
-        }
-
-        boolean newer(long id, long seq) {
-            Long packed = bySeq.get(id);
-            return packed == null || (packed >> 1) < seq;
-        }
-
-        void set(long id, long seq, boolean deleted) {
-            bySeq.put(id, seq * 2 + (deleted ? 1 : 0));
         }
     }
 
@@ -233,7 +205,7 @@ public final class SnapshotUpdateJob {
     /** The command line: {@code --config FILE --input-pattern REGEX --output-topic NAME --application-id ID}. */
     record Args(
             Path config, String inputPattern, String outputTopic, String applicationId, Path stateDir,
-            String instanceId) {
+            String instanceId, String threads, String commitIntervalMs) {
         static Args parse(String[] args) {
             Path config = null;
             String pattern = null;
@@ -241,6 +213,8 @@ public final class SnapshotUpdateJob {
             String id = null;
             Path stateDir = null;
             String instance = null;
+            String threads = null;
+            String commitInterval = null;
             for (int i = 0; i + 1 < args.length; i += 2) {
                 switch (args[i]) {
                     case "--config" -> config = Path.of(args[i + 1]);
@@ -249,15 +223,31 @@ public final class SnapshotUpdateJob {
                     case "--application-id" -> id = args[i + 1];
                     case "--state-dir" -> stateDir = Path.of(args[i + 1]);
                     case "--instance-id" -> instance = args[i + 1];
+                    case "--threads" -> threads = positive("--threads", args[i + 1]);
+                    case "--commit-interval-ms" -> commitInterval = positive("--commit-interval-ms", args[i + 1]);
                     default -> throw new IllegalArgumentException("unknown option " + args[i]);
                 }
             }
             if (config == null || pattern == null || topic == null || id == null || args.length % 2 != 0) {
                 System.err.println("usage: java -jar sotw-streams-job.jar --config FILE --input-pattern REGEX "
-                        + "--output-topic NAME --application-id ID [--state-dir DIR] [--instance-id NAME]");
+                        + "--output-topic NAME --application-id ID [--state-dir DIR] [--instance-id NAME] [--threads N] "
+                        + "[--commit-interval-ms MS]");
                 System.exit(2);
             }
-            return new Args(config, pattern, topic, id, stateDir, instance);
+            return new Args(config, pattern, topic, id, stateDir, instance, threads, commitInterval);
+        }
+
+        private static String positive(String option, String value) {
+            try {
+                if (Integer.parseInt(value) > 0) {
+                    return value;
+                }
+            } catch (NumberFormatException exc) {
+                // reported below
+            }
+            System.err.println(option + " needs a positive whole number, not " + value);
+            System.exit(2);
+            return value;
         }
     }
 }
