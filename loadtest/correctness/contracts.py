@@ -85,7 +85,7 @@ def judge_sessions(messages: pd.DataFrame, ledger: pd.DataFrame, snapshots: pd.D
     its snapshot arrived, the snapshot's rows, without which it is not judged.
     """
     # The faults of each (session, seq) that had any; one without is "not delivered" where it is looked up. Only
-    # the faulted rows are grouped: a 10x run's ledger has millions of rows, a Python call per group took minutes.
+    # the faulted rows are grouped: a 10x run's ledger has millions of rows, each group costs a Python call.
     faulted = ledger[(ledger["kind"] != "end") & (ledger["fault"].astype(str) != "none")]
     faults = faulted.groupby(["session", "seq"])["fault"].agg(lambda f: ", ".join(sorted(set(f.astype(str)))))
     known = set(snapshots["session"].astype(str)) if not snapshots.empty else set()

@@ -348,9 +348,8 @@ def search(
     controller = Controller(root / "samples.jsonl", targets, settings)
     # The steady phase outlasts the search by the 10 s the runner needs to see the end of an incident; the
     # run's own pass bounds are widened, since the search breaks them on purpose. The search ends on its
-    # highest levels, and the backlog they leave is judged after the drain: a slow job (quixstreams, one Python
-    # process, read 1.1M of the 1.6M offsets a 150 s search left in 120 s) needs about as long to drain as the
-    # search took, or its table is judged before it is written.
+    # highest levels, and the backlog they leave is judged after the drain: a slow job needs about as long to
+    # drain as the search took, or its table is judged before it is written.
     drain_s = max(profile.run.drain_max_s, 120, 2 * settings.budget_s)
     run = dataclasses.replace(profile.run, steady_s=settings.budget_s + 10, drain_max_s=drain_s)
     request = RunRequest(
