@@ -70,6 +70,38 @@ def test_each_level_is_judged_again_on_the_latencies_the_run_measured_whatever_i
     )
 
 
+def test_a_level_the_job_reads_only_part_of_is_not_sustained_though_its_lag_is_still_within_the_bound(
+    tmp_path,
+):
+    # Kafka Streams at 16x: 32,000 msg/s sent, 65 % of it read, a lag age of 8 s after a 20 s hold, under a 15 s
+    # bound. A micro-batch job's commits come in steps (every 5 s here); between two steps it reads nothing.
+    def hold(read_share: float, every_s: int = 1) -> list[dict]:
+        return [
+            {
+                "ts": float(t),
+                "lag_age_s": 4.0 + 0.2 * t,
+                "batch_duration_ms": 100,
+                "sent": 32_000.0 * t,
+                "consumed": 32_000.0 * read_share * (t - t % every_s),
+            }
+            for t in range(20)
+        ]
+
+    c = controller(tmp_path)
+    assert c.judge(hold(1.0))[0] is True
+    assert c.judge(hold(1.0, every_s=5))[0] is True, "a step read at each commit"
+    assert c.judge(hold(0.65))[0] is False, "the backlog grows by 11,000 messages a second"
+    pd.DataFrame({"intended_ts": [5_000.0], "committed_ms": [6_000.0], "latency_ms": [1_000.0]}).to_parquet(
+        tmp_path / LATENCY_FILE
+    )
+    (kept, fell) = (
+        judge_levels(tmp_path, hold(share), [Level(16.0, 0.0, 19.0)], Targets(15.0, 20.0), 1.0, 2_000.0)[0]
+        for share in (1.0, 0.65)
+    )
+    assert (kept.sustained, fell.sustained) == (True, False)
+    assert fell.achieved_rate == pytest.approx(20_800.0)
+
+
 def test_the_capacity_is_the_highest_sustained_level_below_the_lowest_broken_with_that_bracket():
     steps = [
         CapacityStep(1.0, 300, 300, True),
