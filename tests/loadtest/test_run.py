@@ -24,32 +24,6 @@ def smoke():
     return dataclasses.replace(profile, run=wide)
 
 
-def test_a_short_run_passes_and_writes_its_report(smoke, kafka: KafkaConfig, tmp_path):
-    result = execute(RunRequest(smoke, 1.0, tmp_path / "run", kafka))
-
-    assert result.verdict.verdict == "PASS", result.verdict.reasons
-    assert result.correctness is not None and result.correctness.rows_lost == 0
-    assert result.correctness.rows_repeated == 0
-    assert {p.name for p in result.phases} >= {"warmup", "steady", "drain"}
-    e2e = next(lat for lat in result.latency if lat.name == "end_to_end")
-    assert e2e.scope == "steady" and 0 < e2e.p50 <= e2e.p99 <= e2e.max
-    assert result.figure("end_to_end_p99") == e2e.p99
-    assert any(lat.name == "publish" for lat in result.latency)
-    overhead = result.harness_overhead
-    assert overhead["simulator_cpu_percent"] > 0 and overhead["sampler_cpu_percent"] > 0
-    assert overhead["process_cpu_percent"] == pytest.approx(
-        overhead["simulator_cpu_percent"] + overhead["sampler_cpu_percent"] + overhead["other_cpu_percent"],
-        abs=0.5,
-    )
-    saved = Results.from_json(tmp_path / "run" / "results.json")
-    assert saved.verdict.verdict == "PASS"
-    samples = [json.loads(line) for line in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
-    assert len(samples) >= smoke.run.steady_s
-    # After the drain the pipeline has consumed exactly what the simulator sent.
-    drained = [s for s in samples if s["phase"] == "settle"]
-    assert drained and drained[-1]["consumed"] == drained[-1]["sent"] and drained[-1]["lag_offsets"] == 0
-
-
 @pytest.mark.slow  # over 30 s on CI: the nightly job runs it (make test-slow)
 def test_a_run_on_spark_s_kafka_connector_killed_mid_run_passes_with_its_lag_from_the_checkpoint(
     smoke, kafka: KafkaConfig, tmp_path
@@ -134,7 +108,32 @@ def test_ctrl_c_stops_every_part_and_still_writes_a_partial_report(smoke, kafka:
     assert result.correctness is not None and result.correctness.rows_repeated == 0
 
 
-def test_every_fault_kind_passes_and_one_value_changed_in_a_faulted_session_fails_naming_its_row(
+def assert_it_passed_and_wrote_its_report(result: Results, run_dir, steady_s: float) -> None:
+    """What a user checks of a finished run: PASS, its phases, latencies, the harness's cost, its files."""
+    assert result.verdict.verdict == "PASS", result.verdict.reasons
+    assert result.correctness is not None and result.correctness.rows_lost == 0
+    assert result.correctness.rows_repeated == 0
+    assert {p.name for p in result.phases} >= {"warmup", "steady", "drain"}
+    e2e = next(lat for lat in result.latency if lat.name == "end_to_end")
+    assert e2e.scope == "steady" and 0 < e2e.p50 <= e2e.p99 <= e2e.max
+    assert result.figure("end_to_end_p99") == e2e.p99
+    assert any(lat.name == "publish" for lat in result.latency)
+    overhead = result.harness_overhead
+    assert overhead["simulator_cpu_percent"] > 0 and overhead["sampler_cpu_percent"] > 0
+    assert overhead["process_cpu_percent"] == pytest.approx(
+        overhead["simulator_cpu_percent"] + overhead["sampler_cpu_percent"] + overhead["other_cpu_percent"],
+        abs=0.5,
+    )
+    saved = Results.from_json(run_dir / "results.json")
+    assert saved.verdict.verdict == "PASS"
+    samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
+    assert len(samples) >= steady_s
+    # After the drain the pipeline has consumed exactly what the simulator sent.
+    drained = [s for s in samples if s["phase"] == "settle"]
+    assert drained and drained[-1]["consumed"] == drained[-1]["sent"] and drained[-1]["lag_offsets"] == 0
+
+
+def test_a_short_run_with_every_fault_kind_passes_writes_its_report_and_one_value_changed_fails_naming_its_row(
     smoke, kafka: KafkaConfig, tmp_path
 ):
     import pyarrow.parquet as pq
@@ -151,7 +150,7 @@ def test_every_fault_kind_passes_and_one_value_changed_in_a_faulted_session_fail
     )
     run_dir = tmp_path / "run"
     result = execute(RunRequest(faulty, 1.0, run_dir, kafka))
-    assert result.verdict.verdict == "PASS", result.verdict.reasons
+    assert_it_passed_and_wrote_its_report(result, run_dir, faulty.run.steady_s)
     c = result.correctness
     assert c is not None and c.rows_values_checked == c.rows_written > 0
 
