@@ -4,7 +4,7 @@
 one run whose load a controller moves during the steady phase. Each level is held for ``hold_s`` seconds and
 judged from the live samples: sustained while the age of the oldest unprocessed message stays within the
 profile's lag bound and the end-to-end latency it implies (at worst that age plus the batch's duration) within
-the p99 target, and the job reads what is sent (``KEEP_UP``). A sustained level doubles the rate (until a
+the p99 target, and the job reads what is sent (``keepup``). A sustained level doubles the rate (until a
 level breaks) or moves it halfway up to the lowest broken one; a broken level moves it halfway down to the
 highest sustained one (or halves it), after the backlog has drained. The search ends when the two are within
 ``tolerance`` of each other, and the rest of the run holds the highest sustained level as a confirmation.
@@ -34,6 +34,7 @@ import pandas as pd
 from loadtest.errors import HarnessError
 from loadtest.gameday.incident import Incident, Stage
 from loadtest.measure.figures import BATCH_STEP, LATENCY_FILE
+from loadtest.planning.keepup import commit_to_commit, falls_behind
 from loadtest.reports.results import Capacity, CapacityStep, Results
 from loadtest.run.job import JobSpec
 from loadtest.run.profile import Profile
@@ -47,16 +48,6 @@ from sotw.kafka import KafkaConfig
 #: Time retention (10 minutes) still bounds the disk. A cluster given with ``--bootstrap`` keeps its own.
 SEARCH_BROKER_SETTINGS = {"log.retention.bytes": "-1"}
 
-#: A level is sustained only while the job reads at least this share of what was sent between its first and
-#: last commit in the level's window. A job that falls behind slowly keeps its lag age inside the bound for a
-#: whole hold (Kafka Streams once read two thirds of 32,000 msg/s and ended a 20 s level 8 s behind), yet its
-#: backlog grows without end. Counted from commit to commit because a micro-batch job's committed offsets move
-#: in steps: between two arbitrary samples one step more or less is a fifth of a 15 s window at 1x.
-KEEP_UP = 0.85
-
-#: The shortest span of commits ``KEEP_UP`` is judged over: across a second or two, one batch more or less
-#: is most of the figure (a level held for less is judged on its lag alone).
-KEEP_UP_SPAN_S = 5.0
 
 log = logging.getLogger(__name__)
 
@@ -267,30 +258,6 @@ class RateSearch(Incident):
         last.end = last.end or _now()
         c = self.controller
         return f"rate search over: highest sustained {c.low:g}x, lowest broken {c.high:g}x"
-
-
-def commit_to_commit(rows: list[dict[str, Any]]) -> tuple[float, float]:
-    """(messages read per second, share of what was sent) between the first and last commit in ``rows``.
-
-    A commit is a sample whose ``consumed`` moved; NaN for both when the commits span less than
-    ``KEEP_UP_SPAN_S`` (a level without them is judged on its lag alone).
-    """
-    commits, before = [], None
-    for r in rows:
-        consumed = r.get("consumed")
-        if consumed is not None and before is not None and consumed != before and "sent" in r:
-            commits.append((float(r["ts"]), float(consumed), float(r["sent"])))
-        before = consumed
-    if len(commits) < 2 or commits[-1][0] - commits[0][0] < KEEP_UP_SPAN_S:
-        return math.nan, math.nan
-    (t0, read0, sent0), (t1, read1, sent1) = commits[0], commits[-1]
-    read = read1 - read0
-    return read / (t1 - t0), (read / (sent1 - sent0) if sent1 > sent0 else math.nan)
-
-
-def falls_behind(rows: list[dict[str, Any]]) -> bool:
-    """Whether the job read less than ``KEEP_UP`` of what was sent over ``rows`` (False when unmeasured)."""
-    return commit_to_commit(rows)[1] < KEEP_UP
 
 
 def _now() -> float:
