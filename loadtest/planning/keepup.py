@@ -11,7 +11,7 @@ from typing import Any
 
 #: A level is sustained only while the job reads at least this share of what was sent between its first and
 #: last commit in the level's window. A job that falls behind slowly keeps its lag age inside the bound for a
-#: whole hold (Kafka Streams once read two thirds of 32,000 msg/s and ended a 20 s level 8 s behind), yet its
+#: whole hold (a job reading two thirds of 32,000 msg/s ends a 20 s level about 7 s further behind), yet its
 #: backlog grows without end. Counted from commit to commit because a micro-batch job's committed offsets move
 #: in steps: between two arbitrary samples one step more or less is a fifth of a 15 s window at 1x.
 KEEP_UP = 0.85
